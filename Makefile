@@ -1,0 +1,42 @@
+# The two set-up commands of the README: `make test` and `make demo`.
+# Each is self-contained on a fresh machine: it creates .venv, installs the
+# project with everything its tests need (apt packages included), then runs.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Debian packages the test suite needs (later tiers add Prometheus, Chromium).
+APT_PACKAGES ?=
+PYTEST_ARGS ?=
+
+.PHONY: test demo install apt lint bench clean
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/monitor demo
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(MAKE) --no-print-directory apt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -qq --upgrade pip
+	$(PY) -m pip install -qq -e '.[dev]'
+	@touch $@
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing apt packages:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

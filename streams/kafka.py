@@ -1,0 +1,161 @@
+"""Kafka backend of the ``Bus`` (kafka-python), for any Kafka-protocol broker.
+
+Producer: ``acks=all`` with idempotence, so a retried send is written once.
+Consumer: auto-commit off; the caller commits after its outputs are flushed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata
+
+from streams.bus import DeliveryError, Message, commit_offsets
+from streams.config import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+class KafkaBus:
+    """``Bus`` over kafka-python. Clients are created on first use."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        if not settings.bootstrap_servers:
+            raise ValueError(
+                "KafkaBus needs bootstrap servers: set VIGIL_KAFKA_BOOTSTRAP_SERVERS "
+                "or start the embedded broker (streams.broker.EmbeddedBroker)"
+            )
+        self.settings = settings
+        self._producer: KafkaProducer | None = None
+        self._pending: list[Any] = []
+
+    @property
+    def producer(self) -> KafkaProducer:
+        if self._producer is None:
+            s = self.settings
+            self._producer = KafkaProducer(
+                **s.client_options(),
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=5,
+                # room for a dead-lettered record plus its headers
+                max_request_size=max(2 * s.max_record_bytes, 1_048_576) + 65_536,
+            )
+        return self._producer
+
+    def publish(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, bytes] | None = None,
+    ) -> None:
+        fut = self.producer.send(
+            topic,
+            value=bytes(value),
+            key=key.encode() if key is not None else None,
+            headers=list((headers or {}).items()),
+        )
+        self._pending.append(fut)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        if self._producer is None:
+            return
+        pending, self._pending = self._pending, []
+        try:
+            self._producer.flush(timeout=timeout_s)
+        except KafkaError as e:
+            raise DeliveryError(f"flush did not complete: {e}") from e
+        failed = [f for f in pending if not f.succeeded()]
+        if failed:
+            first = failed[0]
+            reason = first.exception if first.is_done else "not acknowledged in time"
+            raise DeliveryError(f"{len(failed)} record(s) not acknowledged: {reason}")
+
+    def consumer(self, topics: Sequence[str], group_id: str) -> KafkaBusConsumer:
+        s = self.settings
+        consumer = KafkaConsumer(
+            *topics,
+            **s.client_options(),
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            max_partition_fetch_bytes=max(2 * s.max_record_bytes, 1_048_576),
+            fetch_max_bytes=max(4 * s.max_record_bytes, 52_428_800),
+        )
+        return KafkaBusConsumer(consumer)
+
+    def ensure_topics(self, topics: Iterable[str]) -> None:
+        admin = KafkaAdminClient(**self.settings.client_options())
+        try:
+            existing = set(admin.list_topics())
+            new = [
+                NewTopic(t, self.settings.partitions, 1) for t in dict.fromkeys(topics)
+                if t not in existing
+            ]
+            for topic in new:  # one at a time: a concurrent creator only costs a retry
+                try:
+                    admin.create_topics([topic])
+                except TopicAlreadyExistsError:
+                    pass
+        finally:
+            admin.close()
+
+    def close(self) -> None:
+        if self._producer is not None:
+            try:
+                self.flush()
+            finally:
+                self._producer.close(timeout=5)
+                self._producer = None
+
+
+class KafkaBusConsumer:
+    def __init__(self, consumer: KafkaConsumer) -> None:
+        self._c = consumer
+
+    def poll(self, timeout_s: float = 1.0, max_records: int = 500) -> list[Message]:
+        batches = self._c.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        out: list[Message] = []
+        for tp in sorted(batches, key=lambda t: (t.topic, t.partition)):
+            for r in batches[tp]:
+                out.append(
+                    Message(
+                        topic=r.topic,
+                        partition=r.partition,
+                        offset=r.offset,
+                        key=r.key.decode("utf-8", "replace") if r.key is not None else None,
+                        value=r.value if r.value is not None else b"",
+                        headers=dict(r.headers or []),
+                        timestamp_ms=r.timestamp,
+                    )
+                )
+        return out
+
+    def commit(self, messages: Iterable[Message]) -> None:
+        offsets = {
+            TopicPartition(t, p): OffsetAndMetadata(nxt, "", -1)
+            for (t, p), nxt in commit_offsets(messages).items()
+        }
+        if offsets:
+            self._c.commit(offsets)
+
+    def lag(self) -> int:
+        """Records behind the high watermark on this member's partitions."""
+        total = 0
+        for tp in self._c.assignment():
+            hw = self._c.highwater(tp)
+            if hw is not None:
+                total += max(0, hw - self._c.position(tp))
+        return total
+
+    def close(self) -> None:
+        self._c.close(autocommit=False)

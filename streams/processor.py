@@ -1,0 +1,186 @@
+"""At-least-once stream processing: consume → decode → handle → produce → flush → commit.
+
+A batch's input offsets are committed only after every output of that batch
+(including its dead letters) is acknowledged, so a crash anywhere redelivers
+the batch and loses nothing; outputs carry an idempotency key so consumers can
+drop the duplicates a redelivery makes (DESIGN §2.4).
+
+A record that is too large, is not JSON, or does not validate goes to the
+dead-letter topic with the original bytes as its value and the reason in its
+headers, and the loop moves on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from streams.bus import Bus, Message
+from streams.records import SCHEMA_VERSION, Record, RecordError, decode, encode
+
+log = logging.getLogger(__name__)
+
+# Header names on every record vigil writes.
+H_KIND = "vigil-kind"
+H_SCHEMA = "vigil-schema"
+H_IDEMPOTENCY = "vigil-idempotency-key"
+# Extra headers on a dead letter.
+H_DLQ_REASON = "vigil-dlq-reason"
+H_DLQ_TOPIC = "vigil-dlq-topic"
+H_DLQ_PARTITION = "vigil-dlq-partition"
+H_DLQ_OFFSET = "vigil-dlq-offset"
+H_DLQ_GROUP = "vigil-dlq-group"
+
+
+@dataclass(frozen=True)
+class Output:
+    """A record to publish, keyed by trajectory or execution id."""
+
+    topic: str
+    record: Record
+    key: str
+    idempotency_key: str | None = None
+
+
+def record_headers(record: Record, idempotency_key: str | None = None) -> dict[str, bytes]:
+    headers = {H_KIND: record.kind.encode(), H_SCHEMA: str(SCHEMA_VERSION).encode()}
+    if idempotency_key:
+        headers[H_IDEMPOTENCY] = idempotency_key.encode()
+    return headers
+
+
+def publish_record(
+    bus: Bus, topic: str, record: Record, *, key: str, idempotency_key: str | None = None
+) -> None:
+    bus.publish(topic, encode(record), key=key, headers=record_headers(record, idempotency_key))
+
+
+def dead_letter(bus: Bus, topic: str, message: Message, reason: str, group_id: str = "") -> None:
+    """Publish ``message`` unchanged to ``topic`` with why and where it came from."""
+    headers = dict(message.headers)
+    headers.update(
+        {
+            H_DLQ_REASON: reason.encode("utf-8", "replace")[:4096],
+            H_DLQ_TOPIC: message.topic.encode(),
+            H_DLQ_PARTITION: str(message.partition).encode(),
+            H_DLQ_OFFSET: str(message.offset).encode(),
+            H_DLQ_GROUP: group_id.encode(),
+        }
+    )
+    bus.publish(topic, message.value, key=message.key, headers=headers)
+
+
+Handler = Callable[[Record, Message], Iterable[Output]]
+
+
+@dataclass
+class ProcessorStats:
+    consumed: int = 0
+    processed: int = 0
+    dead_lettered: int = 0
+    produced: int = 0
+    batches: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+class StreamProcessor:
+    """Runs ``handler`` over the records of ``topics`` as member of ``group_id``.
+
+    ``models`` maps each input topic to the record type its payloads must
+    validate as. The handler returns the outputs for one input; it raising is
+    treated like a bad record (dead-lettered with the exception), so one
+    poisoned input never stalls the stream.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        models: Mapping[str, type[Record]],
+        group_id: str,
+        handler: Handler,
+        *,
+        deadletter_topic: str,
+        max_record_bytes: int = 1_048_576,
+        batch_size: int = 500,
+        on_batch: Callable[[ProcessorStats], None] | None = None,
+    ) -> None:
+        self.bus = bus
+        self.models = dict(models)
+        self.group_id = group_id
+        self.handler = handler
+        self.deadletter_topic = deadletter_topic
+        self.max_record_bytes = max_record_bytes
+        self.batch_size = batch_size
+        self.on_batch = on_batch
+        self.stats = ProcessorStats()
+
+    def _reject(self, message: Message, reason: str) -> None:
+        log.warning("dead-lettering %s[%d]@%d: %s", message.topic, message.partition,
+                    message.offset, reason)
+        dead_letter(self.bus, self.deadletter_topic, message, reason, self.group_id)
+        self.stats.dead_lettered += 1
+        kind = reason.split(":", 1)[0]
+        self.stats.reasons[kind] = self.stats.reasons.get(kind, 0) + 1
+
+    def process(self, messages: Sequence[Message]) -> None:
+        """Handle one polled batch and publish its outputs (not yet flushed)."""
+        for m in messages:
+            self.stats.consumed += 1
+            if len(m.value) > self.max_record_bytes:
+                self._reject(m, f"oversize: record of {len(m.value)} bytes exceeds the "
+                                f"limit of {self.max_record_bytes} bytes")
+                continue
+            try:
+                record = decode(m.value, self.models[m.topic])
+            except RecordError as e:
+                self._reject(m, f"invalid: {e}")
+                continue
+            try:
+                outputs = list(self.handler(record, m))
+            except Exception as e:  # noqa: BLE001 - a poisoned record must not stop the stream
+                log.exception("handler failed on %s[%d]@%d", m.topic, m.partition, m.offset)
+                self._reject(m, f"handler: {type(e).__name__}: {e}")
+                continue
+            for out in outputs:
+                publish_record(self.bus, out.topic, out.record, key=out.key,
+                               idempotency_key=out.idempotency_key)
+                self.stats.produced += 1
+            self.stats.processed += 1
+
+    def run(
+        self,
+        *,
+        stop: threading.Event | None = None,
+        idle_timeout_s: float | None = None,
+        max_messages: int | None = None,
+        poll_timeout_s: float = 0.5,
+    ) -> ProcessorStats:
+        """Loop until ``stop`` is set, ``idle_timeout_s`` passes with no input,
+        or ``max_messages`` have been consumed."""
+        consumer = self.bus.consumer(list(self.models), self.group_id)
+        last_input = time.monotonic()
+        try:
+            while not (stop and stop.is_set()):
+                if max_messages is not None and self.stats.consumed >= max_messages:
+                    break
+                limit = self.batch_size
+                if max_messages is not None:
+                    limit = min(limit, max_messages - self.stats.consumed)
+                batch = consumer.poll(poll_timeout_s, limit)
+                if not batch:
+                    if idle_timeout_s is not None and time.monotonic() - last_input > idle_timeout_s:
+                        break
+                    continue
+                last_input = time.monotonic()
+                self.process(batch)
+                self.bus.flush()  # outputs acknowledged ...
+                consumer.commit(batch)  # ... before the inputs are committed
+                self.stats.batches += 1
+                if self.on_batch:
+                    self.on_batch(self.stats)
+        finally:
+            consumer.close()
+        return self.stats

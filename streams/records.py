@@ -1,0 +1,380 @@
+"""Record contracts (DESIGN §2): the payloads that cross process boundaries.
+
+Every record is a pydantic model with a ``schema_version``; ``encode`` and
+``decode`` are the only JSON serde, and ``decode`` raises one
+:class:`RecordError` that names the record kind, the field and (for files) the
+line. Trajectory-format records keep unknown keys (the interchange format
+allows extra keys and round-trips them); the others reject them, so a typo in
+a producer is caught at the edge instead of silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+SCHEMA_VERSION = 1
+
+Role = Literal["main", "main_summary", "sub", "sub_summary"]
+Source = Literal["rollout", "deployment", "benchmark"]
+Label = Literal[0, 1]
+
+
+class RecordError(ValueError):
+    """A payload that cannot be decoded or validated as the expected record.
+
+    ``str(error)`` is one sentence naming where (line), what (record kind) and
+    which field is wrong, so it can go straight into a dead-letter header or a
+    CLI error.
+    """
+
+    def __init__(
+        self, kind: str, reason: str, *, field: str | None = None, line: int | None = None
+    ) -> None:
+        self.kind = kind
+        self.reason = reason
+        self.field = field
+        self.line = line
+        where = f"line {line}: " if line is not None else ""
+        at = f" field '{field}':" if field else ""
+        super().__init__(f"{where}invalid {kind} record:{at} {reason}")
+
+
+class Record(BaseModel):
+    """Base of every payload: carries its kind and schema version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    kind: ClassVar[str] = "record"
+    schema_version: int = SCHEMA_VERSION
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v > SCHEMA_VERSION or v < 1:
+            raise ValueError(f"unsupported schema_version {v} (this build reads 1..{SCHEMA_VERSION})")
+        return v
+
+
+class _Open(BaseModel):
+    """Interchange-format parts: extra keys are kept and written back."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+# --- trajectory interchange format (§2.1) ------------------------------------
+
+
+class ToolCall(_Open):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class GuiAction(_Open):
+    kind: str
+    x: float | None = None
+    y: float | None = None
+    text: str | None = None
+
+
+class Observation(_Open):
+    text: str = ""
+    screenshot: str | None = None
+
+
+class Action(_Open):
+    text: str = ""
+    tool: ToolCall | None = None
+    gui: GuiAction | None = None
+
+
+class Step(_Open):
+    step_id: str = Field(min_length=1)
+    index: int = Field(ge=0)
+    role: Role = "main"
+    observation: Observation = Field(default_factory=Observation)
+    action: Action
+    result: Observation | None = None
+    label: Label | None = None
+    category: str | None = None
+
+
+class Trajectory(Record):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: ClassVar[str] = "trajectory"
+
+    trajectory_id: str = Field(min_length=1)
+    source: Source = "benchmark"
+    task: str = ""
+    steps: list[Step]
+    label: Label | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("steps")
+    @classmethod
+    def _unique_step_ids(cls, steps: list[Step]) -> list[Step]:
+        seen: set[str] = set()
+        for s in steps:
+            if s.step_id in seen:
+                raise ValueError(f"step_id {s.step_id!r} appears twice")
+            seen.add(s.step_id)
+        return steps
+
+    @property
+    def harmful(self) -> bool | None:
+        """Harmful if any step is labelled 1, or the trajectory is; None if unknown."""
+        if self.label is not None:
+            return bool(self.label)
+        step_labels = [s.label for s in self.steps if s.label is not None]
+        if not step_labels:
+            return None
+        return any(step_labels)
+
+
+class StepEvent(Record):
+    """One step as it streams on a steps topic, with the context to screen it.
+
+    ``final`` marks the trajectory's last step (its label and meta ride on it).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: ClassVar[str] = "step"
+
+    trajectory_id: str = Field(min_length=1)
+    source: Source = "deployment"
+    task: str = ""
+    step: Step
+    final: bool = False
+    trajectory_label: Label | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+def step_events(trajectory: Trajectory) -> list[StepEvent]:
+    """Split a trajectory into the step events a live agent would have emitted."""
+    last = len(trajectory.steps) - 1
+    return [
+        StepEvent(
+            trajectory_id=trajectory.trajectory_id,
+            source=trajectory.source,
+            task=trajectory.task,
+            step=step,
+            final=i == last,
+            trajectory_label=trajectory.label if i == last else None,
+            meta=trajectory.meta if i == last else {},
+        )
+        for i, step in enumerate(trajectory.steps)
+    ]
+
+
+# --- TITO rollout records (§2.2) ----------------------------------------------
+
+
+class TitoCall(Record):
+    """One model call recorded by a token-in/token-out harness proxy."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: ClassVar[str] = "tito.call"
+
+    execution_id: str = Field(min_length=1)
+    query_id: str = ""
+    call_id: str = Field(min_length=1)
+    role: Role = "main"
+    policy_version: int | None = None
+    dispatch_version: int | None = None
+    input_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float] | None = None
+    trainer_logprobs: list[float] | None = None
+    input_text: str | None = None
+    output_text: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+    @field_validator("output_logprobs", "trainer_logprobs")
+    @classmethod
+    def _one_per_output(cls, v: list[float] | None, info: Any) -> list[float] | None:
+        out = info.data.get("output_ids")
+        if v is not None and out is not None and len(v) != len(out):
+            raise ValueError(f"has {len(v)} values for {len(out)} output_ids")
+        return v
+
+
+class ExecutionEnd(Record):
+    """The end of one execution: its reward, and whether the harness timed out."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: ClassVar[str] = "tito.execution"
+
+    execution_id: str = Field(min_length=1)
+    query_id: str = ""
+    reward: float | None = None
+    timed_out: bool = False
+    consumed_version: int | None = None
+    ended_at: float = 0.0
+
+
+# --- monitor outputs ------------------------------------------------------------
+
+
+class Score(Record):
+    """A tier's score for one step. Idempotent by (trajectory_id, step_id, tier)."""
+
+    kind: ClassVar[str] = "score"
+
+    trajectory_id: str
+    step_id: str
+    tier: int = Field(ge=0, le=3)
+    score: float = Field(ge=0.0, le=1.0)
+    flagged: bool = False
+    signals: dict[str, float] = Field(default_factory=dict)
+    source: Source = "deployment"
+    created_at: float = 0.0
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.trajectory_id}/{self.step_id}/{self.tier}"
+
+
+class Escalation(Record):
+    """A step passed up from one tier to the next."""
+
+    kind: ClassVar[str] = "escalation"
+
+    trajectory_id: str
+    step_id: str
+    tier: int = Field(ge=1, le=3, description="the tier the step is escalated to")
+    score: float = Field(ge=0.0, le=1.0)
+    reason: str = ""
+    signals: dict[str, float] = Field(default_factory=dict)
+    source: Source = "deployment"
+    created_at: float = 0.0
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.trajectory_id}/{self.step_id}/{self.tier}"
+
+
+class RolloutVerdict(Record):
+    """Per-execution admission verdict a trainer consumes (quarantine or admit)."""
+
+    kind: ClassVar[str] = "verdict.rollout"
+
+    execution_id: str
+    quarantine: bool
+    score: float = Field(ge=0.0, le=1.0)
+    reasons: list[str] = Field(default_factory=list)
+    step_ids: list[str] = Field(default_factory=list)
+    created_at: float = 0.0
+
+
+class LabelRecord(Record):
+    """Ground truth for a step or a whole trajectory (human verdict, dataset, canary)."""
+
+    kind: ClassVar[str] = "label"
+
+    trajectory_id: str
+    step_id: str | None = None
+    label: Label
+    category: str | None = None
+    origin: Literal["human", "dataset", "canary", "reviewer"] = "human"
+    reviewer: str | None = None
+    note: str = ""
+    created_at: float = 0.0
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    t.kind: t
+    for t in (
+        Trajectory,
+        StepEvent,
+        TitoCall,
+        ExecutionEnd,
+        Score,
+        Escalation,
+        RolloutVerdict,
+        LabelRecord,
+    )
+}
+
+R = TypeVar("R", bound=Record)
+
+
+# --- serde --------------------------------------------------------------------
+
+
+def encode(record: Record) -> bytes:
+    """Compact JSON, UTF-8. Defaults are written so every record carries its version."""
+    return record.model_dump_json(exclude_none=False).encode()
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def validate(obj: Any, model: type[R], *, line: int | None = None) -> R:
+    """Validate a parsed JSON value as ``model``; raise one :class:`RecordError`."""
+    if not isinstance(obj, dict):
+        raise RecordError(model.kind, f"expected a JSON object, got {type(obj).__name__}", line=line)
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors()[0]
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        field = _field_path(err["loc"]) or None
+        msg = err["msg"][:1].lower() + err["msg"][1:]
+        if err["type"] == "missing":
+            msg = "required key is missing"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise RecordError(model.kind, f"{msg}{more}", field=field, line=line) from None
+
+
+def decode(data: bytes | str, model: type[R], *, line: int | None = None) -> R:
+    """Parse and validate one JSON payload as ``model``."""
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RecordError(model.kind, f"not valid JSON ({e})", line=line) from None
+    return validate(obj, model, line=line)
+
+
+def read_jsonl(path: str | Path, model: type[R]) -> Iterator[R]:
+    """Yield records from a JSON Lines file; blank lines are skipped.
+
+    Errors name the file and the line: ``trajs.jsonl: line 3: invalid trajectory
+    record: field 'steps.0.action' required key is missing``.
+    """
+    p = Path(path)
+    with p.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            yield decode(raw, model, line=n)
+
+
+def write_jsonl(path: str | Path, records: Iterable[Record]) -> int:
+    n = 0
+    with Path(path).open("wb") as f:
+        for r in records:
+            f.write(encode(r) + b"\n")
+            n += 1
+    return n
+
+
+def sniff_kind(obj: dict[str, Any]) -> type[Record]:
+    """Which record a parsed JSON object is, by its required keys (for mixed files)."""
+    if "steps" in obj and "trajectory_id" in obj:
+        return Trajectory
+    if "call_id" in obj or "output_ids" in obj:
+        return TitoCall
+    if "execution_id" in obj and ("reward" in obj or "timed_out" in obj):
+        return ExecutionEnd
+    if "step" in obj and "trajectory_id" in obj:
+        return StepEvent
+    if "execution_id" in obj:
+        return TitoCall
+    return Trajectory
