@@ -55,6 +55,11 @@ class Consumer(Protocol):
 
     def close(self) -> None: ...
 
+    @property
+    def assigned(self) -> bool:
+        """Whether the group has given this member its partitions yet."""
+        ...
+
 
 @runtime_checkable
 class Bus(Protocol):
@@ -238,6 +243,10 @@ class InMemoryConsumer:
                 if remaining <= 0:
                     return []
                 self.bus._cond.wait(remaining)
+
+    @property
+    def assigned(self) -> bool:
+        return True
 
     def commit(self, messages: Iterable[Message]) -> None:
         with self.bus._cond:

@@ -140,6 +140,10 @@ class KafkaBusConsumer:
                 )
         return out
 
+    @property
+    def assigned(self) -> bool:
+        return bool(self._c.assignment())
+
     def commit(self, messages: Iterable[Message]) -> None:
         offsets = {
             TopicPartition(t, p): OffsetAndMetadata(nxt, "", -1)

@@ -159,9 +159,10 @@ class StreamProcessor:
         poll_timeout_s: float = 0.5,
     ) -> ProcessorStats:
         """Loop until ``stop`` is set, ``idle_timeout_s`` passes with no input,
-        or ``max_messages`` have been consumed."""
+        or ``max_messages`` have been consumed. The idle clock starts once the
+        group has assigned partitions (joining a group takes seconds)."""
         consumer = self.bus.consumer(list(self.models), self.group_id)
-        last_input = time.monotonic()
+        last_input: float | None = None
         try:
             while not (stop and stop.is_set()):
                 if max_messages is not None and self.stats.consumed >= max_messages:
@@ -171,7 +172,10 @@ class StreamProcessor:
                     limit = min(limit, max_messages - self.stats.consumed)
                 batch = consumer.poll(poll_timeout_s, limit)
                 if not batch:
-                    if idle_timeout_s is not None and time.monotonic() - last_input > idle_timeout_s:
+                    if last_input is None and consumer.assigned:
+                        last_input = time.monotonic()
+                    if (idle_timeout_s is not None and last_input is not None
+                            and time.monotonic() - last_input > idle_timeout_s):
                         break
                     continue
                 last_input = time.monotonic()
