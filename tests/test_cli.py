@@ -1,0 +1,79 @@
+"""The `monitor` CLI as a user runs it: a subprocess against the real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streams.broker import EmbeddedBroker
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "monitor" / "data" / "sample_trajectories.jsonl"
+
+
+def monitor(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "monitor.cli", *args], capture_output=True,
+                          text=True, env=full_env, cwd=ROOT, timeout=timeout)
+
+
+def test_help_lists_subcommands_with_examples_and_imports_nothing_heavy() -> None:
+    out = monitor("--help")
+    assert out.returncode == 0
+    for word in ("replay", "tail", "broker", "demo", "examples:", "VIGIL_KAFKA_BOOTSTRAP_SERVERS"):
+        assert word in out.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, monitor.cli; "
+         "print(sorted(m for m in ('kafka', 'torch', 'pydantic') if m in sys.modules))"],
+        capture_output=True, text=True, cwd=ROOT)
+    assert probe.stdout.strip() == "[]"
+
+
+def test_replay_names_the_bad_line_before_touching_a_broker(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    lines = SAMPLE.read_text().splitlines()
+    broken = json.loads(lines[1])
+    del broken["steps"][0]["action"]
+    bad.write_text("\n".join([lines[0], json.dumps(broken)]) + "\n")
+    out = monitor("replay", str(bad), "--bootstrap-servers", "127.0.0.1:1")
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"monitor replay: {bad}: line 2: invalid trajectory record: field 'steps.0.action': "
+        "required key is missing")
+
+
+def test_replay_without_a_broker_says_how_to_get_one() -> None:
+    out = monitor("replay", str(SAMPLE))
+    assert out.returncode == 2
+    assert "VIGIL_KAFKA_BOOTSTRAP_SERVERS" in out.stderr and "monitor broker" in out.stderr
+    out = monitor("replay", "/no/such.jsonl")
+    assert out.returncode == 2 and "no such file" in out.stderr
+
+
+@pytest.mark.broker
+def test_replay_then_tail_shows_every_step(broker: EmbeddedBroker, unique: str) -> None:
+    env = {"VIGIL_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+           "VIGIL_TOPIC_STEPS_DEPLOYMENT": f"{unique}.dep", "VIGIL_TOPIC_STEPS_ROLLOUT": f"{unique}.rl"}
+    out = monitor("replay", str(SAMPLE), env=env)
+    assert out.returncode == 0, out.stderr
+    assert f"13 records -> {unique}.dep" in out.stdout
+    assert f"3 records -> {unique}.rl" in out.stdout
+    assert "replaying" in out.stderr  # progress
+
+    tail = monitor("tail", f"{unique}.dep", "--max", "100", "--idle", "3", env=env)
+    assert tail.returncode == 0, tail.stderr
+    lines = tail.stdout.splitlines()
+    assert len(lines) == 13
+    events = [json.loads(line.split(" ", 2)[2]) for line in lines]
+    by_traj: dict[str, list[int]] = {}
+    for e in events:
+        by_traj.setdefault(e["trajectory_id"], []).append(e["step"]["index"])
+    assert all(idx == sorted(idx) for idx in by_traj.values()), "steps of a trajectory in order"
+    assert sorted(by_traj) == ["dep-banking-001", "dep-banking-002", "dep-workspace-003",
+                               "dep-workspace-004", "gui-miniwob-005"]
