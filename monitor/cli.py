@@ -109,8 +109,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.create_topics:
             bus.ensure_topics([*topics.all(), *([args.topic] if args.topic else [])])
         with Progress(f"replaying {args.file}") as progress:
-            report = replay_file(args.file, bus, topics, topic=args.topic, source=args.source,
-                                 on_record=progress.advance)
+            report = replay_file(
+                args.file,
+                bus,
+                topics,
+                topic=args.topic,
+                source=args.source,
+                on_record=progress.advance,
+            )
     finally:
         bus.close()
     for topic, n in sorted(report.published.items()):
@@ -167,7 +173,9 @@ def _format_message(m: object, headers: bool) -> str:
     if reason:
         prefix += f" reason={reason!r}"
     if headers:
-        prefix += " " + " ".join(f"{k}={v.decode('utf-8', 'replace')}" for k, v in m.headers.items())
+        prefix += " " + " ".join(
+            f"{k}={v.decode('utf-8', 'replace')}" for k, v in m.headers.items()
+        )
     return f"{prefix} {value}"
 
 
@@ -187,42 +195,84 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, example: str,
-            kafka: bool = False) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help, epilog=f"example:\n  {example}",
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    def add(
+        name: str,
+        fn: Callable[[argparse.Namespace], int],
+        help: str,
+        example: str,
+        kafka: bool = False,
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.set_defaults(fn=fn)
         if kafka:
-            p.add_argument("--bootstrap-servers", metavar="HOST:PORT",
-                           help="Kafka bootstrap servers (default: $VIGIL_KAFKA_BOOTSTRAP_SERVERS)")
+            p.add_argument(
+                "--bootstrap-servers",
+                metavar="HOST:PORT",
+                help="Kafka bootstrap servers (default: $VIGIL_KAFKA_BOOTSTRAP_SERVERS)",
+            )
         return p
 
-    p = add("broker", cmd_broker, "run the embedded Kafka-protocol broker (Tansu) in the foreground",
-            "monitor broker --port 9092")
+    p = add(
+        "broker",
+        cmd_broker,
+        "run the embedded Kafka-protocol broker (Tansu) in the foreground",
+        "monitor broker --port 9092",
+    )
     p.add_argument("--port", type=int, default=9092, help="port to listen on (default 9092)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
 
-    p = add("replay", cmd_replay, "publish a JSON Lines file of trajectories or TITO records",
-            "monitor replay examples/trajectories.jsonl --topic vigil.steps.deployment", kafka=True)
+    p = add(
+        "replay",
+        cmd_replay,
+        "publish a JSON Lines file of trajectories or TITO records",
+        "monitor replay examples/trajectories.jsonl --topic vigil.steps.deployment",
+        kafka=True,
+    )
     p.add_argument("file", help="JSON Lines: interchange trajectories, or TITO call/end records")
     p.add_argument("--topic", help="destination for steps or TITO calls (default: by record kind)")
-    p.add_argument("--source", choices=["rollout", "deployment", "benchmark"],
-                   help="override the trajectories' source")
-    p.add_argument("--no-create-topics", dest="create_topics", action="store_false",
-                   help="do not create missing topics first")
+    p.add_argument(
+        "--source",
+        choices=["rollout", "deployment", "benchmark"],
+        help="override the trajectories' source",
+    )
+    p.add_argument(
+        "--no-create-topics",
+        dest="create_topics",
+        action="store_false",
+        help="do not create missing topics first",
+    )
 
-    p = add("tail", cmd_tail, "print the records of a topic", "monitor tail vigil.deadletter --max 10",
-            kafka=True)
+    p = add(
+        "tail",
+        cmd_tail,
+        "print the records of a topic",
+        "monitor tail vigil.deadletter --max 10",
+        kafka=True,
+    )
     p.add_argument("topic")
     p.add_argument("--max", type=int, default=None, help="stop after N records")
     p.add_argument("--follow", "-f", action="store_true", help="keep waiting for new records")
-    p.add_argument("--idle", type=float, default=3.0,
-                   help="without --follow, stop after this many seconds with nothing new")
+    p.add_argument(
+        "--idle",
+        type=float,
+        default=3.0,
+        help="without --follow, stop after this many seconds with nothing new",
+    )
     p.add_argument("--group", help="consume as this group and commit (default: read, no commit)")
     p.add_argument("--headers", action="store_true", help="print every header")
 
-    p = add("demo", cmd_demo, "start the embedded broker and run the sample data through vigil",
-            "monitor demo")
+    p = add(
+        "demo",
+        cmd_demo,
+        "start the embedded broker and run the sample data through vigil",
+        "monitor demo",
+    )
     p.add_argument("--show", type=int, default=3, help="records to print per topic")
     return parser
 
@@ -230,8 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     if not args.verbose:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:

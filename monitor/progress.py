@@ -12,7 +12,11 @@ class Progress:
     every ``every_s`` seconds and a final one on exit."""
 
     def __init__(
-        self, label: str, total: int | None = None, every_s: float = 1.0, stream: TextIO | None = None
+        self,
+        label: str,
+        total: int | None = None,
+        every_s: float = 1.0,
+        stream: TextIO | None = None,
     ) -> None:
         self.label = label
         self.total = total

@@ -71,9 +71,12 @@ class EmbeddedBroker:
                 [
                     broker_binary(),
                     "broker",
-                    "--listener-url", url,
-                    "--advertised-listener-url", url,
-                    "--storage-engine", "memory://tansu/",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -83,17 +86,18 @@ class EmbeddedBroker:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise BrokerError(
-                    f"the broker exited with code {self._proc.returncode} on start: {self.log_tail()}"
-                )
+                code = self._proc.returncode
+                raise BrokerError(f"the broker exited with code {code} on start: {self.log_tail()}")
             try:
                 socket.create_connection((self.host, self.port), timeout=0.2).close()
                 return self
             except OSError:
                 time.sleep(0.02)
         self.stop()
-        raise BrokerError(f"the broker did not accept connections on {url} within "
-                          f"{self.ready_timeout_s:.0f} s: {self.log_tail()}")
+        raise BrokerError(
+            f"the broker did not accept connections on {url} within "
+            f"{self.ready_timeout_s:.0f} s: {self.log_tail()}"
+        )
 
     def log_tail(self, n: int = 2000) -> str:
         if self._log_path is None or not self._log_path.exists():

@@ -53,6 +53,10 @@ class Consumer(Protocol):
         """Make the given messages (and everything before them per partition) durable."""
         ...
 
+    def commit_positions(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """Commit ``{(topic, partition): next offset to read}``."""
+        ...
+
     def close(self) -> None: ...
 
     @property
@@ -249,10 +253,13 @@ class InMemoryConsumer:
         return True
 
     def commit(self, messages: Iterable[Message]) -> None:
+        self.commit_positions(commit_offsets(messages))
+
+    def commit_positions(self, positions: Mapping[tuple[str, int], int]) -> None:
         with self.bus._cond:
             committed = self.bus._committed[self.group_id]
-            for tp, nxt in commit_offsets(messages).items():
-                committed[tp] = max(committed.get(tp, 0), nxt)
+            for tp, nxt in positions.items():
+                committed[tp] = nxt
 
     def close(self) -> None:
         if not self._closed:

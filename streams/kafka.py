@@ -6,6 +6,7 @@ Consumer: auto-commit off; the caller commits after its outputs are flushed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -98,14 +99,13 @@ class KafkaBus:
         try:
             existing = set(admin.list_topics())
             new = [
-                NewTopic(t, self.settings.partitions, 1) for t in dict.fromkeys(topics)
+                NewTopic(t, self.settings.partitions, 1)
+                for t in dict.fromkeys(topics)
                 if t not in existing
             ]
             for topic in new:  # one at a time: a concurrent creator only costs a retry
-                try:
+                with contextlib.suppress(TopicAlreadyExistsError):
                     admin.create_topics([topic])
-                except TopicAlreadyExistsError:
-                    pass
         finally:
             admin.close()
 
@@ -145,9 +145,12 @@ class KafkaBusConsumer:
         return bool(self._c.assignment())
 
     def commit(self, messages: Iterable[Message]) -> None:
+        self.commit_positions(commit_offsets(messages))
+
+    def commit_positions(self, positions: Mapping[tuple[str, int], int]) -> None:
         offsets = {
             TopicPartition(t, p): OffsetAndMetadata(nxt, "", -1)
-            for (t, p), nxt in commit_offsets(messages).items()
+            for (t, p), nxt in positions.items()
         }
         if offsets:
             self._c.commit(offsets)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from streams.bus import Bus, Message
+from streams.bus import Bus, Consumer, Message
 from streams.records import SCHEMA_VERSION, Record, RecordError, decode, encode
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ def dead_letter(bus: Bus, topic: str, message: Message, reason: str, group_id: s
 
 
 Handler = Callable[[Record, Message], Iterable[Output]]
+Positions = Mapping[tuple[str, int], int]
 
 
 @dataclass
@@ -90,9 +91,14 @@ class StreamProcessor:
     """Runs ``handler`` over the records of ``topics`` as member of ``group_id``.
 
     ``models`` maps each input topic to the record type its payloads must
-    validate as. The handler returns the outputs for one input; it raising is
-    treated like a bad record (dead-lettered with the exception), so one
-    poisoned input never stalls the stream.
+    validate as. The handler returns the outputs for one input; it raising
+    ``Exception`` is treated like a bad record (dead-lettered with the
+    exception), so one poisoned input never stalls the stream.
+
+    Stateful handlers (which buffer inputs before they can produce) pass
+    ``tick``, called after every poll to emit what became ready, and ``hold``,
+    which returns per partition the first offset whose input is still only in
+    memory: commits never pass it, so a crash redelivers what was buffered.
     """
 
     def __init__(
@@ -105,6 +111,8 @@ class StreamProcessor:
         deadletter_topic: str,
         max_record_bytes: int = 1_048_576,
         batch_size: int = 500,
+        tick: Callable[[], Iterable[Output]] | None = None,
+        hold: Callable[[], Positions] | None = None,
         on_batch: Callable[[ProcessorStats], None] | None = None,
     ) -> None:
         self.bus = bus
@@ -114,41 +122,67 @@ class StreamProcessor:
         self.deadletter_topic = deadletter_topic
         self.max_record_bytes = max_record_bytes
         self.batch_size = batch_size
+        self.tick = tick
+        self.hold = hold
         self.on_batch = on_batch
         self.stats = ProcessorStats()
+        self._seen: dict[tuple[str, int], int] = {}  # next offset after the last polled
+        self._committed: dict[tuple[str, int], int] = {}
 
-    def _reject(self, message: Message, reason: str) -> None:
-        log.warning("dead-lettering %s[%d]@%d: %s", message.topic, message.partition,
-                    message.offset, reason)
+    def reject(self, message: Message, reason: str) -> None:
+        """Dead-letter ``message`` (original bytes, reason in the headers)."""
+        log.warning(
+            "dead-lettering %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason
+        )
         dead_letter(self.bus, self.deadletter_topic, message, reason, self.group_id)
         self.stats.dead_lettered += 1
         kind = reason.split(":", 1)[0]
         self.stats.reasons[kind] = self.stats.reasons.get(kind, 0) + 1
 
+    def _emit(self, outputs: Iterable[Output]) -> None:
+        for out in outputs:
+            publish_record(
+                self.bus, out.topic, out.record, key=out.key, idempotency_key=out.idempotency_key
+            )
+            self.stats.produced += 1
+
     def process(self, messages: Sequence[Message]) -> None:
         """Handle one polled batch and publish its outputs (not yet flushed)."""
         for m in messages:
             self.stats.consumed += 1
+            tp = (m.topic, m.partition)
+            self._seen[tp] = max(self._seen.get(tp, 0), m.offset + 1)
             if len(m.value) > self.max_record_bytes:
-                self._reject(m, f"oversize: record of {len(m.value)} bytes exceeds the "
-                                f"limit of {self.max_record_bytes} bytes")
+                self.reject(
+                    m,
+                    f"oversize: record of {len(m.value)} bytes exceeds the "
+                    f"limit of {self.max_record_bytes} bytes",
+                )
                 continue
             try:
                 record = decode(m.value, self.models[m.topic])
             except RecordError as e:
-                self._reject(m, f"invalid: {e}")
+                self.reject(m, f"invalid: {e}")
                 continue
             try:
                 outputs = list(self.handler(record, m))
-            except Exception as e:  # noqa: BLE001 - a poisoned record must not stop the stream
+            except Exception as e:  # a poisoned record must not stop the stream
                 log.exception("handler failed on %s[%d]@%d", m.topic, m.partition, m.offset)
-                self._reject(m, f"handler: {type(e).__name__}: {e}")
+                self.reject(m, f"handler: {type(e).__name__}: {e}")
                 continue
-            for out in outputs:
-                publish_record(self.bus, out.topic, out.record, key=out.key,
-                               idempotency_key=out.idempotency_key)
-                self.stats.produced += 1
+            self._emit(outputs)
             self.stats.processed += 1
+
+    def _commit(self, consumer: Consumer) -> None:
+        held = self.hold() if self.hold else {}
+        positions = {}
+        for tp, nxt in self._seen.items():
+            pos = min(nxt, held.get(tp, nxt))
+            if pos > self._committed.get(tp, -1):
+                positions[tp] = pos
+        if positions:
+            consumer.commit_positions(positions)
+            self._committed.update(positions)
 
     def run(
         self,
@@ -171,20 +205,26 @@ class StreamProcessor:
                 if max_messages is not None:
                     limit = min(limit, max_messages - self.stats.consumed)
                 batch = consumer.poll(poll_timeout_s, limit)
-                if not batch:
-                    if last_input is None and consumer.assigned:
-                        last_input = time.monotonic()
-                    if (idle_timeout_s is not None and last_input is not None
-                            and time.monotonic() - last_input > idle_timeout_s):
-                        break
-                    continue
-                last_input = time.monotonic()
-                self.process(batch)
-                self.bus.flush()  # outputs acknowledged ...
-                consumer.commit(batch)  # ... before the inputs are committed
-                self.stats.batches += 1
-                if self.on_batch:
-                    self.on_batch(self.stats)
+                if batch:
+                    last_input = time.monotonic()
+                    self.process(batch)
+                elif last_input is None and consumer.assigned:
+                    last_input = time.monotonic()
+                if self.tick:
+                    self._emit(self.tick())
+                if batch or self.tick:
+                    self.bus.flush()  # outputs acknowledged ...
+                    self._commit(consumer)  # ... before the inputs are committed
+                if batch:
+                    self.stats.batches += 1
+                    if self.on_batch:
+                        self.on_batch(self.stats)
+                elif (
+                    idle_timeout_s is not None
+                    and last_input is not None
+                    and time.monotonic() - last_input > idle_timeout_s
+                ):
+                    break
         finally:
             consumer.close()
         return self.stats

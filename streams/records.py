@@ -55,7 +55,9 @@ class Record(BaseModel):
     @classmethod
     def _known_version(cls, v: int) -> int:
         if v > SCHEMA_VERSION or v < 1:
-            raise ValueError(f"unsupported schema_version {v} (this build reads 1..{SCHEMA_VERSION})")
+            raise ValueError(
+                f"unsupported schema_version {v} (this build reads 1..{SCHEMA_VERSION})"
+            )
         return v
 
 
@@ -318,7 +320,9 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 def validate(obj: Any, model: type[R], *, line: int | None = None) -> R:
     """Validate a parsed JSON value as ``model``; raise one :class:`RecordError`."""
     if not isinstance(obj, dict):
-        raise RecordError(model.kind, f"expected a JSON object, got {type(obj).__name__}", line=line)
+        raise RecordError(
+            model.kind, f"expected a JSON object, got {type(obj).__name__}", line=line
+        )
     try:
         return model.model_validate(obj)
     except ValidationError as e:

@@ -26,7 +26,7 @@ import heapq
 import json
 from array import array
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
@@ -35,6 +35,7 @@ from streams.records import (
     Action,
     ExecutionEnd,
     Observation,
+    RecordError,
     Role,
     Step,
     TitoCall,
@@ -53,6 +54,7 @@ _FAMILY: Mapping[str, str] = MappingProxyType(
     {"main": "main", "main_summary": "main", "sub": "sub", "sub_summary": "sub"}
 )
 _WIDTH = 8  # bytes per token id in the packed form (int64)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class TitoConflictError(ValueError):
@@ -156,7 +158,13 @@ def _pack(call: TitoCall, ids: Sequence[int]) -> bytes:
     try:
         return array("q", ids).tobytes()
     except OverflowError:
-        raise ValueError(f"call {call.call_id!r} has a token id outside int64") from None
+        raise _out_of_range(call) from None
+
+
+def _out_of_range(call: TitoCall) -> RecordError:
+    return RecordError(
+        TitoCall.kind, f"call {call.call_id!r} has a token id outside int64", field="input_ids"
+    )
 
 
 def _order_key(call: TitoCall) -> tuple[float, str]:
@@ -207,25 +215,27 @@ def _prefix_parents(packed: Sequence[_Packed]) -> dict[str, str]:
         h = hashlib.blake2b(digest_size=16)
         view = memoryview(c.inp)
         pos = 0
-        best: _Packed | None = None
+        hits: list[list[_Packed]] = []
         for n in lengths:
             if n > c.n_in:
                 break
             h.update(view[pos * _WIDTH : n * _WIDTH])
             pos = n
-            found = [
+            if found := index.get(h.copy().digest()):
+                hits.append(found)
+        for found in reversed(hits):  # longest first; verify, since digests only index
+            exact = [
                 p
-                for p in index.get(h.copy().digest(), ())
+                for p in found
                 if p is not c
                 # the same input with nothing produced is a re-send (sibling), not a parent
                 and not (not p.out and p.n_in == c.n_in)
                 and c.inp.startswith(p.inp)
                 and c.inp.startswith(p.out, len(p.inp))
             ]
-            if found:
-                best = min(found, key=lambda p: _order_key(p.call))
-        if best is not None:
-            parents[c.call.call_id] = best.call.call_id
+            if exact:
+                parents[c.call.call_id] = min(exact, key=lambda p: _order_key(p.call)).call.call_id
+                break
     return parents
 
 
@@ -423,6 +433,11 @@ def reconstruct(
     return [build_tree(eid, grouped.get(eid, ()), by_exec.get(eid)) for eid in ids]
 
 
+def provenance(tree: ExecutionTree, call_id: str) -> Provenance:
+    """Which of ``call_id``'s input tokens (and text) are new observation, which inherited."""
+    return tree.nodes[call_id].provenance
+
+
 # --- trajectories ------------------------------------------------------------------
 
 
@@ -522,8 +537,7 @@ def select_trajectories(tree: ExecutionTree, j_max: int = 5) -> list[Trajectory]
 
 
 def _fingerprint(record: TitoCall | ExecutionEnd) -> bytes:
-    data = json.dumps(record.model_dump(mode="json"), sort_keys=True).encode()
-    return hashlib.blake2b(data, digest_size=16).digest()
+    return hashlib.blake2b(record.model_dump_json().encode(), digest_size=16).digest()
 
 
 @dataclass
@@ -544,17 +558,22 @@ class TreeAssembler:
     Delivery is at least once: a record seen before (same call id, or same end,
     same content) is a ``"duplicate"`` and changes nothing; the same identity
     with different content raises :class:`TitoConflictError`. A record for an
-    execution already emitted is ``"late"``: the caller dead-letters it. Emitted
-    executions are remembered (as fingerprints) up to ``remember`` of them, oldest
-    forgotten first.
+    execution already emitted is ``"late"``: the caller dead-letters it. The
+    last ``remember`` emitted executions are remembered as one fingerprint per
+    record (about 100 bytes a call); a record for an execution forgotten since
+    opens it again.
     """
 
-    def __init__(self, remember: int = 100_000) -> None:
+    def __init__(self, remember: int = 2_000) -> None:
         self.remember = remember
         self._open: dict[str, _OpenExecution] = {}
         self._emitted: OrderedDict[str, _Emitted] = OrderedDict()
 
     def add_call(self, call: TitoCall) -> Admission:
+        """Take one call; raises :class:`RecordError` for token ids no tree can hold."""
+        for ids in (call.input_ids, call.output_ids):
+            if ids and (min(ids) < _INT64_MIN or max(ids) > _INT64_MAX):
+                raise _out_of_range(call)
         eid = call.execution_id
         done = self._emitted.get(eid)
         if done is not None:
@@ -598,17 +617,19 @@ class TreeAssembler:
         """Executions still waiting for their end record."""
         return sorted(eid for eid, s in self._open.items() if s.end is None)
 
-    def pop_completed(self) -> list[ExecutionTree]:
-        """Emit every ended execution (sorted by id); later records for them are late."""
-        return [self._emit(eid) for eid in self.completed()]
+    def pop_completed(self, only: Collection[str] | None = None) -> list[ExecutionTree]:
+        """Emit every ended execution (sorted by id), or those of them in ``only``;
+        later records for them are late."""
+        return [self._emit(eid) for eid in self.completed() if only is None or eid in only]
 
     def flush(self) -> list[ExecutionTree]:
         """Emit everything, ended or not (end of input)."""
         return [self._emit(eid) for eid in sorted(self._open)]
 
     def _emit(self, eid: str) -> ExecutionTree:
-        state = self._open.pop(eid)
+        state = self._open[eid]
         tree = build_tree(eid, state.calls.values(), state.end)
+        del self._open[eid]
         self._emitted[eid] = _Emitted(
             calls={cid: _fingerprint(c) for cid, c in state.calls.items()},
             end=None if state.end is None else _fingerprint(state.end),

@@ -52,8 +52,8 @@ def test_uncommitted_records_are_redelivered_to_the_group(bus: Bus, unique: str)
     expected = {
         int(m.value)
         for m in seen
-        if m.offset >= max([c.offset + 1 for c in committed if c.partition == m.partition],
-                           default=0)
+        if m.offset
+        >= max([c.offset + 1 for c in committed if c.partition == m.partition], default=0)
     }
     assert redelivered == expected
     assert redelivered >= set(range(4, 10))

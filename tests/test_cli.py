@@ -16,11 +16,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "monitor" / "data" / "sample_trajectories.jsonl"
 
 
-def monitor(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def monitor(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "monitor.cli", *args], capture_output=True,
-                          text=True, env=full_env, cwd=ROOT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "monitor.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
 
 
 def test_help_lists_subcommands_with_examples_and_imports_nothing_heavy() -> None:
@@ -29,9 +37,16 @@ def test_help_lists_subcommands_with_examples_and_imports_nothing_heavy() -> Non
     for word in ("replay", "tail", "broker", "demo", "examples:", "VIGIL_KAFKA_BOOTSTRAP_SERVERS"):
         assert word in out.stdout
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, monitor.cli; "
-         "print(sorted(m for m in ('kafka', 'torch', 'pydantic') if m in sys.modules))"],
-        capture_output=True, text=True, cwd=ROOT)
+        [
+            sys.executable,
+            "-c",
+            "import sys, monitor.cli; "
+            "print(sorted(m for m in ('kafka', 'torch', 'pydantic') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert probe.stdout.strip() == "[]"
 
 
@@ -45,7 +60,8 @@ def test_replay_names_the_bad_line_before_touching_a_broker(tmp_path: Path) -> N
     assert out.returncode == 2
     assert out.stderr.strip() == (
         f"monitor replay: {bad}: line 2: invalid trajectory record: field 'steps.0.action': "
-        "required key is missing")
+        "required key is missing"
+    )
 
 
 def test_replay_without_a_broker_says_how_to_get_one() -> None:
@@ -58,8 +74,11 @@ def test_replay_without_a_broker_says_how_to_get_one() -> None:
 
 @pytest.mark.broker
 def test_replay_then_tail_shows_every_step(broker: EmbeddedBroker, unique: str) -> None:
-    env = {"VIGIL_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-           "VIGIL_TOPIC_STEPS_DEPLOYMENT": f"{unique}.dep", "VIGIL_TOPIC_STEPS_ROLLOUT": f"{unique}.rl"}
+    env = {
+        "VIGIL_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+        "VIGIL_TOPIC_STEPS_DEPLOYMENT": f"{unique}.dep",
+        "VIGIL_TOPIC_STEPS_ROLLOUT": f"{unique}.rl",
+    }
     out = monitor("replay", str(SAMPLE), env=env)
     assert out.returncode == 0, out.stderr
     assert f"13 records -> {unique}.dep" in out.stdout
@@ -75,5 +94,20 @@ def test_replay_then_tail_shows_every_step(broker: EmbeddedBroker, unique: str) 
     for e in events:
         by_traj.setdefault(e["trajectory_id"], []).append(e["step"]["index"])
     assert all(idx == sorted(idx) for idx in by_traj.values()), "steps of a trajectory in order"
-    assert sorted(by_traj) == ["dep-banking-001", "dep-banking-002", "dep-workspace-003",
-                               "dep-workspace-004", "gui-miniwob-005"]
+    assert sorted(by_traj) == [
+        "dep-banking-001",
+        "dep-banking-002",
+        "dep-workspace-003",
+        "dep-workspace-004",
+        "gui-miniwob-005",
+    ]
+
+
+@pytest.mark.broker
+def test_demo_runs_the_sample_data_through_a_real_broker() -> None:
+    out = monitor("demo", timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "exec-7f3a: 13 unique calls, 3 leaf trajectories, 18 node occurrences" in out.stdout
+    assert "vigil.steps.rollout: 30 records" in out.stdout  # 3 replayed + 27 rebuilt
+    assert "vigil.deadletter: 1 records" in out.stdout
+    assert "not valid JSON" in out.stdout

@@ -1,4 +1,4 @@
-"""SIGKILL a worker mid-stream, restart it: every step comes out exactly once after de-duplication."""
+"""SIGKILL a worker mid-stream and restart it: after de-duplication every step is out once."""
 
 from __future__ import annotations
 
@@ -24,20 +24,31 @@ WORKER = Path(__file__).parent / "workers" / "score_worker.py"
 
 def _start(broker: EmbeddedBroker, *topics_and_group: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, str(WORKER), broker.bootstrap_servers,
-                             *topics_and_group], env=env, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), broker.bootstrap_servers, *topics_and_group],
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def test_sigkill_mid_stream_loses_no_step(broker: EmbeddedBroker, kafka_settings, unique) -> None:  # type: ignore[no-untyped-def]
-    src, out, dlq, group = (f"{unique}.steps", f"{unique}.scores", f"{unique}.dlq",
-                            f"{unique}.workers")
+    src, out, dlq, group = (
+        f"{unique}.steps",
+        f"{unique}.scores",
+        f"{unique}.dlq",
+        f"{unique}.workers",
+    )
     bus = KafkaBus(kafka_settings)
     bus.ensure_topics([src, out, dlq])
     for t in range(20):
-        traj = Trajectory.model_validate({
-            "trajectory_id": f"traj{t}",
-            "steps": [{"step_id": f"s{i}", "index": i, "action": {"text": "x"}} for i in range(15)],
-        })
+        traj = Trajectory.model_validate(
+            {
+                "trajectory_id": f"traj{t}",
+                "steps": [
+                    {"step_id": f"s{i}", "index": i, "action": {"text": "x"}} for i in range(15)
+                ],
+            }
+        )
         for e in step_events(traj):
             publish_record(bus, src, e, key=e.trajectory_id)
     bus.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from streams.bus import Bus
@@ -25,8 +26,12 @@ def _trajectory(tid: str, n: int) -> Trajectory:
             "source": "deployment",
             "task": "book a flight",
             "steps": [
-                {"step_id": f"s{i}", "index": i, "action": {"text": f"call {i}"},
-                 "observation": {"text": f"obs {i}"}}
+                {
+                    "step_id": f"s{i}",
+                    "index": i,
+                    "action": {"text": f"call {i}"},
+                    "observation": {"text": f"obs {i}"},
+                }
                 for i in range(n)
             ],
         }
@@ -34,8 +39,12 @@ def _trajectory(tid: str, n: int) -> Trajectory:
 
 
 def score_step(event: StepEvent, _msg: object) -> list[Output]:
-    score = Score(trajectory_id=event.trajectory_id, step_id=event.step.step_id, tier=0,
-                  score=min(1.0, len(event.step.action.text) / 100))
+    score = Score(
+        trajectory_id=event.trajectory_id,
+        step_id=event.step.step_id,
+        tier=0,
+        score=min(1.0, len(event.step.action.text) / 100),
+    )
     return [Output("OUT", score, key=event.trajectory_id, idempotency_key=score.idempotency_key)]
 
 
@@ -64,8 +73,14 @@ def test_bad_records_go_to_deadletter_and_the_stream_keeps_going(bus: Bus, uniqu
     def handler(event, msg):  # type: ignore[no-untyped-def]
         return [Output(out, o.record, o.key, o.idempotency_key) for o in score_step(event, msg)]
 
-    proc = StreamProcessor(bus, {src: StepEvent}, f"{unique}.worker", handler,
-                           deadletter_topic=dlq, max_record_bytes=4096)
+    proc = StreamProcessor(
+        bus,
+        {src: StepEvent},
+        f"{unique}.worker",
+        handler,
+        deadletter_topic=dlq,
+        max_record_bytes=4096,
+    )
     stats = proc.run(idle_timeout_s=3.0, max_messages=len(good) + len(bad))
 
     assert stats.consumed == 8 and stats.processed == 3 and stats.dead_lettered == 5
@@ -99,18 +114,18 @@ def test_inputs_are_committed_only_with_their_outputs(bus: Bus, unique: str) -> 
             raise Crash  # BaseException: not a bad record, a dying process
         return [Output(out, o.record, o.key, o.idempotency_key) for o in score_step(event, msg)]
 
-    proc = StreamProcessor(bus, {src: StepEvent}, f"{unique}.w", dies_on_third,
-                           deadletter_topic=dlq, batch_size=100)
-    try:
+    proc = StreamProcessor(
+        bus, {src: StepEvent}, f"{unique}.w", dies_on_third, deadletter_topic=dlq, batch_size=100
+    )
+    with contextlib.suppress(Crash):
         proc.run(idle_timeout_s=3.0)
-    except Crash:
-        pass
 
     def ok(event, msg):  # type: ignore[no-untyped-def]
         return [Output(out, o.record, o.key, o.idempotency_key) for o in score_step(event, msg)]
 
     StreamProcessor(bus, {src: StepEvent}, f"{unique}.w", ok, deadletter_topic=dlq).run(
-        idle_timeout_s=3.0, max_messages=4)
+        idle_timeout_s=3.0, max_messages=4
+    )
     msgs = drain(bus, out, f"{unique}.r", 6, timeout_s=10)
     keys = [m.header(H_IDEMPOTENCY) for m in msgs]
     assert set(keys) == {f"t1/s{i}/0" for i in range(4)}, "every step scored after restart"

@@ -13,12 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streams.records import ExecutionEnd, TitoCall, Trajectory, decode, encode
+from streams.records import ExecutionEnd, RecordError, TitoCall, Trajectory, decode, encode
 from streams.tito import (
     ExecutionTree,
     TitoConflictError,
     TreeAssembler,
     build_tree,
+    provenance,
     reconstruct,
     select_trajectories,
     trajectories,
@@ -127,7 +128,11 @@ def branching_execution() -> dict[str, TitoCall]:
     (→ continuation, ⇒ compaction; m4a and m4b are two attempts on one input)
     """
     m1 = root(
-        "m1", [SYS, TASK], [10, 11], t=1, text=("SYS fix the bug", " read file"),
+        "m1",
+        [SYS, TASK],
+        [10, 11],
+        t=1,
+        text=("SYS fix the bug", " read file"),
         tool_calls=[{"name": "read", "arguments": {"path": "a.py"}}],
     )
     m2 = cont(m1, "m2", [20], [12, 13], t=2, text=(" <file>", " spawn helper"))
@@ -197,11 +202,21 @@ def test_branching_execution_has_the_expected_links_leaves_and_counts() -> None:
 def test_observation_spans_never_include_parent_outputs() -> None:
     calls = branching_execution()
     (tree,) = reconstruct(calls.values(), [end()])
-    deltas = {"m2": [20], "s1": [SUMMARIZE], "m4a": [21], "m4b": [21], "m4c": [RETRY],
-              "m5": [22], "s2": [SUMMARIZE], "m7": [24], "u2": [61], "u3": [63]}
+    deltas = {
+        "m2": [20],
+        "s1": [SUMMARIZE],
+        "m4a": [21],
+        "m4b": [21],
+        "m4c": [RETRY],
+        "m5": [22],
+        "s2": [SUMMARIZE],
+        "m7": [24],
+        "u2": [61],
+        "u3": [63],
+    }
 
     for cid, node in tree.nodes.items():
-        c, prov = node.call, node.provenance
+        c, prov = node.call, provenance(tree, cid)
         start, stop = prov.observation
         observed = c.input_ids[start:stop]
         if node.parent_id is None:
@@ -239,8 +254,13 @@ def test_text_provenance_and_trajectory_fields() -> None:
     assert extra["output_ids"] == [14] and extra["output_logprobs"] == [-0.5]
     assert {"policy_version", "dispatch_version"} <= set(extra)
     assert long.meta == {
-        "execution_id": EID, "query_id": "q-1", "leaf_call_id": "m7", "leaf_role": "main",
-        "reward": 0.75, "timed_out": False, "consumed_version": 13,
+        "execution_id": EID,
+        "query_id": "q-1",
+        "leaf_call_id": "m7",
+        "leaf_role": "main",
+        "reward": 0.75,
+        "timed_out": False,
+        "consumed_version": 13,
     }
     # the same policy output shared by two leaves is the same step, screened once
     assert by_id[f"{EID}/m4c"].steps[0] == long.steps[0]
@@ -250,9 +270,14 @@ def test_text_provenance_and_trajectory_fields() -> None:
 
 
 def test_openai_style_tool_call_with_string_arguments() -> None:
-    c = root("a", [1], [2], tool_calls=[
-        {"type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}},
-    ])
+    c = root(
+        "a",
+        [1],
+        [2],
+        tool_calls=[
+            {"type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}},
+        ],
+    )
     (traj,) = trajectories(build_tree(EID, [c]))
     assert traj.steps[0].action.tool is not None
     assert traj.steps[0].action.tool.name == "bash"
@@ -284,8 +309,11 @@ def test_longest_prefix_wins_and_equal_length_counts() -> None:
     b = cont(a, "b", [], [3])  # input is exactly a's input + output
     c = cont(b, "c", [4], [5])
     tree = build_tree(EID, [c, b, a])
-    assert links(tree) == {"a": (None, None), "b": ("a", "continuation"),
-                           "c": ("b", "continuation")}
+    assert links(tree) == {
+        "a": (None, None),
+        "b": ("a", "continuation"),
+        "c": ("b", "continuation"),
+    }
     assert tree.nodes["b"].provenance.observation == (2, 2)  # nothing new was observed
 
 
@@ -306,6 +334,13 @@ def test_summary_that_started_later_is_not_a_compaction_parent() -> None:
     s = cont(m, "s", [SUMMARIZE], [40], role="main_summary", t=6)
     early = root("early", [1, 40], [3], t=4)  # contains s's output, but started before it
     assert build_tree(EID, [m, s, early]).nodes["early"].parent_id is None
+
+
+def test_a_summary_quoted_by_its_own_root_does_not_make_a_cycle() -> None:
+    r = root("r", [1, 40], [2])  # no timestamps, and r's input happens to hold s's output
+    s = cont(r, "s", [SUMMARIZE], [40], role="main_summary")
+    tree = build_tree(EID, [s, r])
+    assert links(tree) == {"r": (None, None), "s": ("r", "continuation")}
 
 
 def test_latest_summary_wins_when_an_input_carries_two() -> None:
@@ -397,6 +432,13 @@ def test_conflicting_duplicate_call_id_raises_naming_it() -> None:
         asm.add_end(end(reward=0.0))
 
 
+def test_token_ids_beyond_int64_are_a_record_error_at_the_edge() -> None:
+    asm = TreeAssembler()
+    with pytest.raises(RecordError, match="huge"):
+        asm.add_call(root("huge", [2**64], [1]))
+    assert asm.pending_executions() == []
+
+
 # --- admission ------------------------------------------------------------------------
 
 
@@ -404,7 +446,9 @@ def test_select_trajectories_prefers_main_then_longest() -> None:
     calls = branching_execution()
     (tree,) = reconstruct(calls.values(), [end()])
     assert [t.trajectory_id for t in select_trajectories(tree, j_max=2)] == [
-        f"{EID}/m7", f"{EID}/m4c"]
+        f"{EID}/m7",
+        f"{EID}/m4c",
+    ]
     assert [t.meta["leaf_role"] for t in select_trajectories(tree)] == ["main", "main", "sub"]
     assert select_trajectories(tree, j_max=0) == []
 
@@ -460,7 +504,8 @@ def generated_execution(draw: st.DrawFn, eid: str) -> Generated:
                 g.deltas[cid] = list(c.input_ids)
             else:
                 earlier = kid_deltas.setdefault(p.call_id, [])
-                if earlier and draw(st.booleans()):  # a retry: the same input re-sent
+                retry = bool(earlier) and draw(st.booleans())
+                if retry:  # the same input re-sent
                     delta = draw(st.sampled_from(earlier))
                 else:
                     delta = fresh(0, 3)
@@ -501,8 +546,11 @@ def assemble(stream: Iterable[TitoCall | ExecutionEnd]) -> list[ExecutionTree]:
 
 def summary(trees: Sequence[ExecutionTree]) -> list[Any]:
     return [
-        (t, [x.model_dump() for x in trajectories(t)],
-         (t.node_occurrences, t.unique_nodes, t.duplicate_nodes))
+        (
+            t,
+            [x.model_dump() for x in trajectories(t)],
+            (t.node_occurrences, t.unique_nodes, t.duplicate_nodes),
+        )
         for t in trees
     ]
 
@@ -529,25 +577,31 @@ def test_reconstruction_recovers_the_generated_tree(gens: list[Generated]) -> No
 def test_reconstruction_is_invariant_to_arrival_order_and_redelivery(
     gens: list[Generated], rnd: random.Random, data: st.DataObject
 ) -> None:
-    reference = summary(reconstruct(
-        [c for g in gens for c in g.calls], [g.end for g in gens if g.end is not None]
-    ))
+    reference = summary(
+        reconstruct([c for g in gens for c in g.calls], [g.end for g in gens if g.end is not None])
+    )
     stream = records(gens)
     redelivered = data.draw(st.lists(st.sampled_from(stream), max_size=len(stream)))
     shuffled = stream + redelivered
     rnd.shuffle(shuffled)
     assert summary(assemble(shuffled)) == reference
     rnd.shuffle(shuffled)
-    assert summary(reconstruct(
-        [r for r in shuffled if isinstance(r, TitoCall)],
-        [r for r in shuffled if isinstance(r, ExecutionEnd)],
-    )) == reference
+    assert (
+        summary(
+            reconstruct(
+                [r for r in shuffled if isinstance(r, TitoCall)],
+                [r for r in shuffled if isinstance(r, ExecutionEnd)],
+            )
+        )
+        == reference
+    )
 
 
 @FAST
 @given(generated_executions())
 def test_deduplication_screens_every_output_exactly_once(gens: list[Generated]) -> None:
-    for g, tree in zip(gens, reconstruct(c for g in gens for c in g.calls), strict=True):
+    trees = reconstruct(c for gen in gens for c in gen.calls)
+    for g, tree in zip(gens, trees, strict=True):
         all_ids = sorted(c.call_id for c in g.calls)
         screened = [n.call_id for n in unique_actions(tree)]
         assert sorted(screened) == all_ids  # every output once, none twice

@@ -20,12 +20,14 @@ def main() -> None:
 
     def handle(event: StepEvent, _msg: object) -> list[Output]:
         time.sleep(0.01)  # slow enough that a kill lands mid-stream
-        score = Score(trajectory_id=event.trajectory_id, step_id=event.step.step_id, tier=0,
-                      score=0.5)
+        score = Score(
+            trajectory_id=event.trajectory_id, step_id=event.step.step_id, tier=0, score=0.5
+        )
         return [Output(out, score, key=event.trajectory_id, idempotency_key=score.idempotency_key)]
 
-    StreamProcessor(bus, {src: StepEvent}, group, handle, deadletter_topic=dlq,
-                    batch_size=7).run(idle_timeout_s=4.0)
+    StreamProcessor(bus, {src: StepEvent}, group, handle, deadletter_topic=dlq, batch_size=7).run(
+        idle_timeout_s=4.0
+    )
     bus.close()
 
 

@@ -1,0 +1,195 @@
+"""TITO topics → screened-once step events: the streaming side of ``streams.tito``.
+
+Consumes the calls and execution-end topics, assembles each execution's tree,
+and once an execution has ended (plus a short grace window for calls that
+raced its end record) publishes one ``StepEvent`` per unique policy output to
+the rollout steps topic, parents first. A node shared by several leaves is
+published once; its event names every leaf trajectory through it. Inputs of
+executions still open are never committed, so a crash replays them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from streams.bus import Bus, Message
+from streams.config import Topics
+from streams.processor import Output, Positions, StreamProcessor
+from streams.records import ExecutionEnd, Record, StepEvent, TitoCall
+from streams.tito import ExecutionTree, TitoConflictError, TreeAssembler, trajectories
+
+
+class LateRecordError(ValueError):
+    """A TITO record for an execution that was already emitted (dead-lettered)."""
+
+
+@dataclass(frozen=True)
+class TreeSummary:
+    execution_id: str
+    calls: int
+    leaves: int
+    node_occurrences: int
+    unique_nodes: int
+    reward: float | None
+    timed_out: bool
+
+
+def rollout_step_events(tree: ExecutionTree) -> list[StepEvent]:
+    """One event per unique call (parents first); the last carries the execution's end."""
+    leaves_through: dict[str, list[str]] = {}
+    steps = {}
+    task: dict[str, str] = {}  # a step's task is its own tree's: sub-agents have their own
+    for traj in trajectories(tree):
+        for s in traj.steps:
+            steps[s.step_id] = s
+            task.setdefault(s.step_id, traj.task)
+            leaves_through.setdefault(s.step_id, []).append(traj.trajectory_id)
+    end_meta: dict[str, object] = {}
+    if tree.end is not None:
+        end_meta = {
+            "reward": tree.end.reward,
+            "timed_out": tree.end.timed_out,
+            "consumed_version": tree.end.consumed_version,
+        }
+    events = []
+    for i, call_id in enumerate(tree.order):
+        node = tree.nodes[call_id]
+        last = i == len(tree.order) - 1
+        events.append(
+            StepEvent(
+                trajectory_id=tree.execution_id,
+                source="rollout",
+                task=task[call_id],
+                step=steps[call_id],
+                final=last,
+                meta={
+                    "execution_id": tree.execution_id,
+                    "query_id": tree.query_id,
+                    "parent_step_id": node.parent_id,
+                    "edge": node.edge,
+                    "leaf_trajectory_ids": leaves_through[call_id],
+                    **(end_meta if last else {}),
+                },
+            )
+        )
+    return events
+
+
+@dataclass
+class RolloutReassembler:
+    """The handler, tick and hold of a ``StreamProcessor`` over the TITO topics."""
+
+    topics: Topics
+    grace_s: float = 1.0
+    on_tree: Callable[[TreeSummary], None] | None = None
+    clock: Callable[[], float] = time.monotonic
+    assembler: TreeAssembler = field(default_factory=TreeAssembler)
+    admissions: Counter[str] = field(default_factory=Counter)
+    _first_offset: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
+    _ended_at: dict[str, float] = field(default_factory=dict)
+
+    def handle(self, record: Record, message: Message) -> Iterable[Output]:
+        if isinstance(record, TitoCall):
+            eid, admission = record.execution_id, self.assembler.add_call(record)
+        elif isinstance(record, ExecutionEnd):
+            eid, admission = record.execution_id, self.assembler.add_end(record)
+            if admission == "added":
+                self._ended_at[eid] = self.clock()
+        else:  # pragma: no cover - models map guarantees the two types
+            raise TypeError(f"unexpected record {record.kind}")
+        self.admissions[admission] += 1
+        if admission == "late":
+            raise LateRecordError(f"execution {eid} was already emitted")
+        if admission == "added":
+            tp = (message.topic, message.partition)
+            firsts = self._first_offset.setdefault(eid, {})
+            firsts[tp] = min(firsts.get(tp, message.offset), message.offset)
+        return ()
+
+    def tick(self) -> list[Output]:
+        now = self.clock()
+        ready = {e for e, t in self._ended_at.items() if now - t >= self.grace_s}
+        if not ready:
+            return []
+        return self._emit(self.assembler.pop_completed(ready))
+
+    def flush(self) -> list[Output]:
+        """Emit everything buffered, ended or not (end of a replayed file)."""
+        return self._emit(self.assembler.flush())
+
+    def _emit(self, trees: list[ExecutionTree]) -> list[Output]:
+        outputs = []
+        for tree in trees:
+            self._ended_at.pop(tree.execution_id, None)
+            self._first_offset.pop(tree.execution_id, None)
+            for event in rollout_step_events(tree):
+                outputs.append(
+                    Output(
+                        self.topics.steps_rollout,
+                        event,
+                        key=tree.execution_id,
+                        idempotency_key=f"{tree.execution_id}/{event.step.step_id}",
+                    )
+                )
+            if self.on_tree:
+                self.on_tree(
+                    TreeSummary(
+                        execution_id=tree.execution_id,
+                        calls=tree.unique_nodes,
+                        leaves=len(tree.leaves),
+                        node_occurrences=tree.node_occurrences,
+                        unique_nodes=tree.unique_nodes,
+                        reward=tree.end.reward if tree.end else None,
+                        timed_out=tree.end.timed_out if tree.end else False,
+                    )
+                )
+        return outputs
+
+    def hold(self) -> Positions:
+        held: dict[tuple[str, int], int] = {}
+        for firsts in self._first_offset.values():
+            for tp, off in firsts.items():
+                held[tp] = min(held.get(tp, off), off)
+        return held
+
+
+def reassembly_processor(
+    bus: Bus,
+    topics: Topics,
+    group_id: str = "vigil-reassembly",
+    *,
+    grace_s: float = 1.0,
+    on_tree: Callable[[TreeSummary], None] | None = None,
+    max_record_bytes: int = 8 * 1_048_576,
+) -> tuple[StreamProcessor, RolloutReassembler]:
+    """A processor that turns the TITO topics into rollout step events.
+
+    TITO calls carry whole contexts, so their size limit is larger by default.
+    A conflicting redelivery (:class:`TitoConflictError`) or a late record is
+    dead-lettered like any bad record.
+    """
+    r = RolloutReassembler(topics, grace_s=grace_s, on_tree=on_tree)
+    proc = StreamProcessor(
+        bus,
+        {topics.tito_calls: TitoCall, topics.tito_executions: ExecutionEnd},
+        group_id,
+        r.handle,
+        deadletter_topic=topics.deadletter,
+        max_record_bytes=max_record_bytes,
+        tick=r.tick,
+        hold=r.hold,
+    )
+    return proc, r
+
+
+__all__ = [
+    "LateRecordError",
+    "RolloutReassembler",
+    "TitoConflictError",
+    "TreeSummary",
+    "reassembly_processor",
+    "rollout_step_events",
+]
