@@ -6,8 +6,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# Debian packages the test suite needs (later tiers add Prometheus, Chromium).
-APT_PACKAGES ?=
+# Debian packages the test suite needs: Chromium for MiniWoB++ and the review pages.
+APT_PACKAGES ?= chromium chromium-driver
 PYTEST_ARGS ?=
 
 .PHONY: test demo install apt lint bench clean

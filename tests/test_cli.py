@@ -111,3 +111,24 @@ def test_demo_runs_the_sample_data_through_a_real_broker() -> None:
     assert "vigil.steps.rollout: 30 records" in out.stdout  # 3 replayed + 27 rebuilt
     assert "vigil.deadletter: 1 records" in out.stdout
     assert "not valid JSON" in out.stdout
+
+
+@pytest.mark.broker
+def test_broker_command_serves_until_sigterm(unique: str) -> None:
+    import signal
+
+    from streams.broker import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "broker", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith(f"broker ready on 127.0.0.1:{port}")
+        env = {"VIGIL_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+        out = monitor("replay", str(SAMPLE), "--topic", f"{unique}.t", env=env)
+        assert out.returncode == 0 and "16 records" in out.stdout, out.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
