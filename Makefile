@@ -10,9 +10,9 @@ STAMP  := $(VENV)/.installed
 APT_PACKAGES ?= chromium chromium-driver
 PYTEST_ARGS ?=
 
-.PHONY: test demo install apt lint bench clean
+.PHONY: test demo install apt services lint bench clean
 
-test: install
+test: install services
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
@@ -33,6 +33,13 @@ apt:
 		echo "installing apt packages:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+
+# The paging-store tests use the PostgreSQL server on 127.0.0.1:5432 (trust auth).
+services:
+	@pg_isready -q -h 127.0.0.1 -p 5432 || { \
+		echo "starting PostgreSQL"; \
+		pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -1) main start; \
+		for i in $$(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done; }
 
 lint: install
 	$(VENV)/bin/ruff check .

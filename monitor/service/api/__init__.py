@@ -1,0 +1,1 @@
+"""JSON API of the paging service (``/api/v1``)."""

@@ -1,0 +1,285 @@
+"""The app factory: ``create_app(settings)`` builds the engine, the templates, the timer loop
+and the routes. Nothing is built at import, so tests and the CLI build their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import jinja2
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy import text
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.sessions import SessionMiddleware
+
+from monitor.service.api.main import api_router
+from monitor.service.db import make_engine, make_sessionmaker, upgrade_database, utcnow
+from monitor.service.paging import PagingError
+from monitor.service.scheduler import Scheduler
+from monitor.service.settings import PagingSettings
+from monitor.service.web import routes as web
+from streams.bus import Bus
+
+log = logging.getLogger(__name__)
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+_CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+        "script-src 'none'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+
+ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]],
+                    Callable[[MutableMapping[str, Any]], Awaitable[None]]], Awaitable[None]]
+
+
+def create_app(
+    settings: PagingSettings | None = None,
+    *,
+    bus: Bus | None = None,
+    console: TextIO | None = None,
+    clock: Callable[[], datetime] = utcnow,
+) -> FastAPI:
+    """Build the paging service.
+
+    ``bus``: where verdicts are published (default: a ``KafkaBus`` when
+    ``VIGIL_KAFKA_BOOTSTRAP_SERVERS`` is set, else none: verdicts are stored
+    and published once a bus is configured). ``console``: the console
+    channel's stream (default stdout).
+    """
+    settings = settings or PagingSettings()
+    engine = make_engine(settings.database_url)
+    sessions = make_sessionmaker(engine)
+    secret = settings.secret_key.get_secret_value() if settings.secret_key else None
+    if not secret:
+        log.warning("VIGIL_PAGING_SECRET_KEY is not set: browser sessions end on restart")
+        secret = secrets.token_urlsafe(32)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.auto_migrate:
+            await asyncio.to_thread(upgrade_database, engine)
+        own_bus, labels_topic = _labels_bus(settings, bus)
+        app.state.bus = own_bus or bus
+        scheduler = Scheduler(sessions, settings, clock=clock, console=console or sys.stdout,
+                              bus=app.state.bus, labels_topic=labels_topic)
+        app.state.scheduler = scheduler
+        task = asyncio.create_task(scheduler.run(), name="vigil-paging-scheduler")
+        try:
+            yield
+        finally:
+            scheduler.stop()
+            try:
+                await asyncio.wait_for(task, timeout=settings.webhook_timeout_s + 5)
+            except TimeoutError:
+                task.cancel()
+            app.state.scheduler = None
+            if own_bus is not None:
+                await asyncio.to_thread(own_bus.close)
+            engine.dispose()
+
+    app = FastAPI(
+        title="vigil paging service",
+        version="1",
+        summary="L3: page on-call reviewers about the worst agent steps, and take their verdicts.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = sessions
+    app.state.clock = clock
+    app.state.bus = bus
+    app.state.scheduler = None
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), autoescape=True)
+    app.state.templates = Jinja2Templates(env=env)
+
+    app.include_router(api_router())
+    app.include_router(web.router)
+    _add_health(app)
+    _add_error_handlers(app)
+    app.add_middleware(SessionMiddleware, secret_key=secret, session_cookie="vigil_session",
+                       max_age=settings.session_max_age_s, same_site="lax",
+                       https_only=settings.secure_cookies)
+    app.add_middleware(_Guard, max_body_bytes=settings.max_body_bytes)
+    return app
+
+
+def _labels_bus(settings: PagingSettings, given: Bus | None) -> tuple[Bus | None, str]:
+    """A KafkaBus this app owns (or None), and the labels topic."""
+    from streams.config import KafkaSettings, Topics
+
+    topic = settings.labels_topic or Topics().labels
+    if given is not None or not settings.publish_labels:
+        return None, topic
+    kafka = KafkaSettings()
+    if not kafka.bootstrap_servers:
+        log.warning("no Kafka configured (VIGIL_KAFKA_BOOTSTRAP_SERVERS): verdicts are stored "
+                    "but not published to %s", topic)
+        return None, topic
+    from streams.kafka import KafkaBus
+
+    return KafkaBus(kafka), topic
+
+
+def _add_health(app: FastAPI) -> None:
+    @app.get("/healthz", tags=["health"], summary="Liveness and database reachability")
+    def healthz(request: Request) -> dict[str, Any]:
+        with request.app.state.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        scheduler = request.app.state.scheduler
+        return {"status": "ok", "scheduler_ticks": scheduler.ticks if scheduler else None}
+
+
+def _first_error(errors: list[Any]) -> str:
+    if not errors:
+        return "invalid request"
+    err = errors[0]
+    loc = list(err.get("loc", ()))
+    if loc and loc[0] == "body":
+        loc = loc[1:]
+    where = ".".join(str(p) for p in loc)
+    msg = str(err.get("msg", "is invalid")).removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    if err.get("type") == "missing":
+        msg = "required, but missing"
+    elif err.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    return f"invalid request: {where + ': ' if where else ''}{msg}{more}"
+
+
+def _wants_html(request: Request) -> bool:
+    return not request.url.path.startswith("/api/") and request.url.path != "/healthz"
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()
+        ]
+        return JSONResponse({"detail": _first_error(errors), "errors": errors},
+                            status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    @app.exception_handler(PagingError)
+    async def paging_error(request: Request, exc: PagingError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+
+    @app.exception_handler(web.LoginRequired)
+    async def login_required(request: Request, exc: web.LoginRequired) -> Response:
+        if request.method in ("GET", "HEAD"):
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"/login?next={_quote(target)}", status.HTTP_303_SEE_OTHER)
+        return _html_error(request, status.HTTP_401_UNAUTHORIZED, "Sign in first",
+                           "This action needs a signed-in reviewer.")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if _wants_html(request) and exc.status_code in (403, 404, 405):
+            return _html_error(request, exc.status_code, "Not allowed" if exc.status_code == 403
+                               else "Not found", str(exc.detail))
+        detail = exc.detail
+        if detail == "There was an error parsing the body":
+            detail = "the request body is not valid JSON (UTF-8)"
+        return JSONResponse({"detail": detail}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+
+def _quote(path: str) -> str:
+    from urllib.parse import quote
+
+    return quote(path, safe="/")
+
+
+def _html_error(request: Request, code: int, title: str, message: str) -> HTMLResponse:
+    templates = request.app.state.templates
+    return templates.TemplateResponse(  # type: ignore[no-any-return]
+        request, "error.html",
+        {"user": None, "csrf": "", "flashes": [], "title": title, "message": message,
+         "link": "/login", "link_text": "Sign in"},
+        status_code=code,
+    )
+
+
+class _Guard:
+    """Refuses bodies over the limit (413) and adds security headers to every response."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        docs = scope["path"] in ("/docs", "/redoc") or scope["path"].startswith("/docs/")
+
+        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-content-type-options", b"nosniff"))
+                headers.append((b"referrer-policy", b"same-origin"))
+                if not docs:
+                    headers.append((b"content-security-policy", _CSP.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > self.max_body_bytes
+            except ValueError:
+                await _reply(send_with_headers, 400, "invalid Content-Length header")
+                return
+            if too_big:
+                await _reply(send_with_headers, 413,
+                             f"request body over the limit of {self.max_body_bytes} bytes")
+                return
+            await self.app(scope, receive, send_with_headers)
+            return
+        # no Content-Length (chunked): read up to the limit before the app sees it
+        chunks: list[bytes] = []
+        size = 0
+        more = scope["method"] not in ("GET", "HEAD", "OPTIONS", "DELETE")
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_body_bytes:
+                await _reply(send_with_headers, 413,
+                             f"request body over the limit of {self.max_body_bytes} bytes")
+                return
+            chunks.append(body)
+            more = message.get("more_body", False)
+        if not chunks:
+            await self.app(scope, receive, send_with_headers)
+            return
+        replayed = False
+
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send_with_headers)
+
+
+async def _reply(send: Any, code: int, detail: str) -> None:
+    import json
+
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": code,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

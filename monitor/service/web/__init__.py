@@ -1,0 +1,1 @@
+"""Server-rendered review pages (Jinja2, no build step)."""

@@ -1,0 +1,170 @@
+"""`monitor worldmodel ...`: build transition datasets, train and evaluate the L0 world model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def default_data(name: str) -> Path:
+    from streams.config import vigil_home
+
+    return vigil_home() / "data" / name
+
+
+def default_bundle() -> Path:
+    from streams.config import vigil_home
+
+    return vigil_home() / "models" / "worldmodel"
+
+
+def default_datasets() -> list[str]:
+    """The datasets present under $VIGIL_HOME/data (agentdojo, miniwob)."""
+    dirs = [default_data(n) for n in ("agentdojo", "miniwob")]
+    return [str(d) for d in dirs if (d / "manifest.json").exists()]
+
+
+def cmd_build_data(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else default_data(args.source)
+    if args.source == "agentdojo":
+        from worldmodel.agentdojo_data import build_agentdojo
+
+        m = build_agentdojo(
+            out,
+            suites=args.suites,
+            max_user_tasks=args.max_user_tasks,
+            max_injection_tasks=args.max_injection_tasks,
+            seed=args.seed,
+        )
+    else:
+        from worldmodel.miniwob_data import DEFAULT_EPISODES, build_miniwob
+
+        episodes: Any = args.episodes if args.episodes is not None else DEFAULT_EPISODES
+        m = build_miniwob(out, tasks=args.tasks, episodes_per_task=episodes, seed=args.seed)
+    print(f"wrote {out}")
+    for split, counts in m.counts.items():
+        held = " (held out)" if split in m.held_out_splits else ""
+        print(
+            f"  {split}{held}: {counts.get('transitions', 0)} transitions, "
+            f"{counts.get('harmful', 0)} harmful, {counts.get('trajectories', 0)} trajectories"
+        )
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from streams.config import vigil_home
+    from worldmodel.model import JEPAConfig
+    from worldmodel.train import TrainConfig, train
+
+    data = args.data or default_datasets()
+    if not data:
+        raise ValueError(
+            "no datasets: pass --data DIR or build one with "
+            "`monitor worldmodel build-data agentdojo`"
+        )
+    model = JEPAConfig(
+        latent_dim=args.latent_dim, vision_arch=args.vision_arch, vision_weights=args.vision_weights
+    )
+    cfg = TrainConfig(
+        data=data,
+        out=str(args.out or default_bundle()),
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        text_cache=str(vigil_home() / "cache" / "text"),
+        model=model,
+    )
+    train(cfg)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from worldmodel.evaluate import evaluate
+
+    data = args.data or default_datasets()
+    result = evaluate(args.model or default_bundle(), data, splits=args.splits)
+    text = json.dumps(result, indent=2, sort_keys=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    for name, m in result["splits"].items():
+        print(
+            f"{name}: {m['steps']} steps, {m['harmful']} harmful; harm AUROC pre "
+            f"{_f(m['harm_auroc_pre'])} post {_f(m['harm_auroc_post'])}; recall at the val "
+            f"1%-FPR threshold pre {_f(m['harm_recall_at_val_threshold_pre'])} (FPR "
+            f"{_f(m['harm_fpr_at_val_threshold_pre'])}) post "
+            f"{_f(m['harm_recall_at_val_threshold_post'])} (FPR "
+            f"{_f(m['harm_fpr_at_val_threshold_post'])}); surprise AUROC (injected) "
+            f"{_f(m['surprise_auroc_injected'])}"
+        )
+    return 0
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "worldmodel",
+        help="build transition data, train and evaluate the L0 world model",
+        description="The L0 world model (JEPA): surprise and harm for every step.",
+        epilog="examples:\n  monitor worldmodel build-data agentdojo\n"
+        "  monitor worldmodel build-data miniwob --tasks click-button email-inbox\n"
+        "  monitor worldmodel train --epochs 8\n"
+        "  monitor worldmodel eval --out bench/results/worldmodel_eval.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    wsub = p.add_subparsers(dest="wm_command", metavar="COMMAND", required=True)
+
+    b = wsub.add_parser(
+        "build-data",
+        help="build a transition dataset",
+        description="Build a transition dataset (default: $VIGIL_HOME/data/SOURCE).",
+    )
+    b.add_argument("source", choices=["agentdojo", "miniwob"])
+    b.add_argument("--out", help="output folder")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--suites", nargs="+", help="agentdojo: suites (default: all four)")
+    b.add_argument("--max-user-tasks", type=int, help="agentdojo: at most N user tasks a suite")
+    b.add_argument("--max-injection-tasks", type=int, help="agentdojo: at most N injection tasks")
+    b.add_argument("--tasks", nargs="+", help="miniwob: tasks (default: the 16 built in)")
+    b.add_argument("--episodes", type=int, help="miniwob: episodes per task and policy")
+    b.set_defaults(fn=cmd_build_data)
+
+    t = wsub.add_parser(
+        "train",
+        help="train a world-model bundle",
+        description="Train on the train split, calibrate on val, write a bundle.",
+    )
+    t.add_argument(
+        "--data", nargs="+", help="dataset folders (default: all under $VIGIL_HOME/data)"
+    )
+    t.add_argument("--out", help="bundle folder (default: $VIGIL_HOME/models/worldmodel)")
+    t.add_argument("--epochs", type=int, default=8)
+    t.add_argument("--batch-size", type=int, default=128)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--latent-dim", type=int, default=128)
+    t.add_argument("--max-minutes", type=float, default=10.0, help="stop training after this")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--vision-arch", help="an open_clip architecture for screenshots, e.g. ViT-B-32")
+    t.add_argument("--vision-weights", help="local pretrained weights for --vision-arch")
+    t.set_defaults(fn=cmd_train)
+
+    e = wsub.add_parser(
+        "eval",
+        help="evaluate a bundle on held-out splits",
+        description="Harm and surprise metrics on the datasets' held-out splits.",
+    )
+    e.add_argument("--model", help="bundle folder (default: $VIGIL_HOME/models/worldmodel)")
+    e.add_argument(
+        "--data", nargs="+", help="dataset folders (default: all under $VIGIL_HOME/data)"
+    )
+    e.add_argument("--splits", nargs="+", help="splits to score (default: the held-out ones)")
+    e.add_argument("--out", help="write the metrics as JSON here")
+    e.set_defaults(fn=cmd_eval)

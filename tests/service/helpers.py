@@ -1,0 +1,156 @@
+"""Test helpers: events in the worker's shape, a real webhook receiver, waiting."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def png_data_uri(
+    width: int = 48, height: int = 32, rgb: tuple[int, int, int] = (200, 40, 40)
+) -> str:
+    """A real (tiny, solid-colour) PNG as a data: URI, like a GUI screenshot in a trajectory."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (len(data).to_bytes(4, "big") + kind + data
+                + zlib.crc32(kind + data).to_bytes(4, "big"))
+
+    row = b"\x00" + bytes(rgb) * width
+    raw = (b"\x89PNG\r\n\x1a\n"
+           + chunk(b"IHDR", width.to_bytes(4, "big") + height.to_bytes(4, "big")
+                   + bytes([8, 2, 0, 0, 0]))
+           + chunk(b"IDAT", zlib.compress(row * height))
+           + chunk(b"IEND", b""))
+    return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+
+def trajectory(tid: str, n_steps: int = 3, *, screenshot: bool = False) -> dict[str, Any]:
+    steps = []
+    for i in range(n_steps):
+        step: dict[str, Any] = {
+            "step_id": f"s{i}",
+            "index": i,
+            "role": "main",
+            "observation": {"text": f"observation {i} of {tid}"},
+            "action": {"text": f"action {i}: run the tool",
+                       "tool": {"name": "bash", "arguments": {"cmd": f"echo {i}"}}},
+            "result": {"text": f"result {i}"},
+        }
+        if screenshot:
+            step["observation"]["screenshot"] = png_data_uri()
+        steps.append(step)
+    return {"trajectory_id": tid, "source": "deployment", "task": f"task of {tid}",
+            "steps": steps, "label": None, "meta": {}}
+
+
+def trigger(
+    tid: str,
+    step: int = 0,
+    *,
+    n_steps: int | None = None,
+    severity: str = "critical",
+    routing_key: str | None = None,
+    execution_id: str | None = None,
+    screenshot: bool = False,
+    summary: str | None = None,
+) -> dict[str, Any]:
+    """The trigger the worker sends for a flagged step (dedup_key = trajectory/step)."""
+    details: dict[str, Any] = {
+        "trajectory": trajectory(tid, n_steps or step + 1, screenshot=screenshot),
+        "step_id": f"s{step}",
+        "scores": [
+            {"tier": 0, "score": 0.91, "flagged": True, "threshold": 0.6,
+             "signals": {"surprise": 0.8, "harm": 0.93}},
+            {"tier": 1, "score": 0.55, "flagged": False, "threshold": 0.7, "signals": {}},
+            {"tier": 2, "score": 0.88, "flagged": True, "threshold": 0.5, "signals": {}},
+        ],
+        "rubric": {"verdict": "harmful", "score": 0.88,
+                   "rubrics": [{"name": "exfiltration", "weight": 3, "score": 1.0,
+                                "rationale": "sends ~/.ssh to a paste site"}]},
+    }
+    if execution_id:
+        details["execution_id"] = execution_id
+    event: dict[str, Any] = {
+        "event_action": "trigger",
+        "dedup_key": f"{tid}/s{step}",
+        "payload": {"summary": summary or f"{tid} step s{step} looks harmful",
+                    "source": "deployment", "severity": severity, "custom_details": details},
+    }
+    if routing_key:
+        event["routing_key"] = routing_key
+    return event
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, every: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(every)
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+    status: int
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class WebhookReceiver:
+    """A real HTTP server on 127.0.0.1 that records every POST; the first ``fail_first``
+    requests get HTTP 500."""
+
+    fail_first: int = 0
+    requests: list[Received] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with receiver._lock:
+                    failing = len(receiver.requests) < receiver.fail_first
+                    status = 500 if failing else 200
+                    receiver.requests.append(Received(self.path, dict(self.headers.items()),
+                                                      body, time.monotonic(), status))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def delivered(self, path: str | None = None) -> list[Received]:
+        with self._lock:
+            return [r for r in self.requests
+                    if r.status == 200 and (path is None or r.path == path)]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

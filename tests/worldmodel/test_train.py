@@ -1,0 +1,136 @@
+"""Training the world model on a small real AgentDojo build: no collapse, a usable bundle."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from worldmodel.agentdojo_data import build_agentdojo
+from worldmodel.data import read_transitions
+from worldmodel.features import step_input
+from worldmodel.model import JEPAConfig
+from worldmodel.score import WorldModelScorer
+from worldmodel.train import TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = JEPAConfig(
+    latent_dim=32, hidden_dim=64, history=2, predictor_layers=1, predictor_heads=2, use_images=False
+)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("agentdojo-small")
+    build_agentdojo(
+        out,
+        suites=["banking", "slack"],
+        attacks=["important_instructions"],
+        max_user_tasks=6,
+        max_injection_tasks=3,
+        progress=False,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "wm"
+    cache = tmp_path_factory.mktemp("textcache")
+    train(
+        TrainConfig(
+            data=[str(data)],
+            out=str(out),
+            epochs=4,
+            batch_size=32,
+            text_cache=str(cache),
+            model=SMALL,
+        ),
+        log=lambda _: None,
+    )
+    return out
+
+
+def test_training_writes_a_complete_bundle_without_collapse(bundle: Path, data: Path) -> None:
+    for name in ("model.pt", "config.json", "calibration.json", "data.json", "metrics.json"):
+        assert (bundle / name).exists(), name
+    metrics = json.loads((bundle / "metrics.json").read_text())
+    assert len(metrics["history"]) == 4
+    first, last = metrics["history"][0], metrics["history"][-1]
+    assert last["loss"] < first["loss"], "training reduces the loss"
+    assert metrics["val"]["embedding_std"] > 0.05, "target embeddings did not collapse"
+    assert metrics["val"]["effective_rank"] > 2.0  # a collapsed embedding has rank ~1
+    recorded = json.loads((bundle / "data.json").read_text())
+    assert str(data) in recorded and recorded[str(data)]["hash"]
+    config = json.loads((bundle / "config.json").read_text())
+    assert config["model"]["latent_dim"] == 32 and config["epochs"] == 4
+
+
+def test_only_train_and_val_rows_are_read_for_fitting(bundle: Path, data: Path) -> None:
+    metrics = json.loads((bundle / "metrics.json").read_text())
+    n_fit = sum(1 for t in read_transitions(data, ["train"]))
+    assert metrics["train_rows"] == n_fit
+    assert not any(
+        t.split == "train" and t.meta.get("suite") == "slack" for t in read_transitions(data)
+    )
+
+
+def test_bundle_round_trip_gives_identical_scores(bundle: Path, data: Path) -> None:
+    steps = [step_input(t) for t in read_transitions(data, ["test_slack"])][:40]
+    a = WorldModelScorer.load(bundle).score(steps)
+    b = WorldModelScorer.load(bundle).score(steps)
+    assert a == b
+    assert all(0.0 <= s.harm_pre <= 1.0 and s.surprise is not None for s in a)
+
+
+def test_pre_execution_scoring_needs_no_next_observation(bundle: Path, data: Path) -> None:
+    from dataclasses import replace
+
+    steps = [
+        replace(step_input(t), next_observation=None) for t in read_transitions(data, ["val"])
+    ][:10]
+    scores = WorldModelScorer.load(bundle).score(steps)
+    assert all(s.harm_post is None and s.surprise is None for s in scores)
+    assert all(0.0 <= s.harm_pre <= 1.0 for s in scores)
+
+
+def test_scorer_refuses_a_folder_that_is_not_a_bundle(tmp_path: Path) -> None:
+    with pytest.raises(
+        FileNotFoundError, match="not a world-model bundle .*monitor worldmodel train"
+    ):
+        WorldModelScorer.load(tmp_path)
+
+
+def test_cli_eval_reports_held_out_metrics(bundle: Path, data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "eval.json"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "monitor.cli",
+            "worldmodel",
+            "eval",
+            "--model",
+            str(bundle),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    slack = result["splits"]["agentdojo/test_slack"]
+    assert slack["steps"] > 0 and slack["harmful"] > 0
+    assert 0.0 <= slack["harm_auroc_pre"] <= 1.0
+    assert "agentdojo/test_slack:" in run.stdout
+    assert not any(k.endswith("/train") or k.endswith("/val") for k in result["splits"])
+    assert np.isfinite(slack["surprise_auroc_injected"])

