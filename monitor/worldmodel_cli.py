@@ -88,6 +88,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     data = args.data or default_datasets()
     result = evaluate(args.model or default_bundle(), data, splits=args.splits)
+    result.pop("_scores")
     text = json.dumps(result, indent=2, sort_keys=True)
     if args.out:
         Path(args.out).write_text(text + "\n")

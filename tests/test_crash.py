@@ -64,6 +64,10 @@ def test_sigkill_mid_stream_loses_no_step(broker: EmbeddedBroker, kafka_settings
                 decode(m.value, Score)
                 outputs.append(m.header(H_IDEMPOTENCY) or "")
 
+    deadline = time.monotonic() + 30
+    while not reader.assigned and time.monotonic() < deadline:  # join before the worker starts
+        outputs.extend(m.header(H_IDEMPOTENCY) or "" for m in reader.poll(0.2))
+    assert reader.assigned
     worker = _start(broker, src, out, dlq, group)
     read_for(60, until=60)  # let it get well into the stream ...
     worker.send_signal(signal.SIGKILL)  # ... and kill it without warning

@@ -77,6 +77,7 @@ def evaluate(
     scorer = WorldModelScorer.load(bundle, batch_size=256)
     cal = scorer.calibration
     results: dict[str, Any] = {}
+    scores_by_split: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for d in data:
         manifest = read_manifest(d)
         wanted = splits or manifest.held_out_splits
@@ -102,9 +103,30 @@ def evaluate(
                 if t.label:
                     by_cat[t.category or "unknown"] = by_cat.get(t.category or "unknown", 0) + 1
             m["harmful_by_category"] = by_cat
+            attacks = np.array([str(t.meta.get("attack")) for t in rows])
+            if len(set(attacks)) > 1:
+                m["by_attack"] = {
+                    a: {
+                        "steps": int(sel.sum()),
+                        "harm_auroc_pre": _auroc(y[sel], pre[sel]),
+                        "harm_recall_at_val_threshold_pre": float(
+                            (pre[sel & (y == 1)] >= cal.harm_threshold_pre).mean()
+                        )
+                        if (sel & (y == 1)).any()
+                        else None,
+                    }
+                    for a in sorted(set(attacks))
+                    for sel in [attacks == a]
+                }
             results[f"{manifest.name}/{split}"] = m
+            scores_by_split[f"{manifest.name}/{split}"] = (y, pre, post)
     scorer.encoder.save()  # the next evaluation reuses these encodings
-    return {"bundle": str(bundle), "data": scorer.data_hash, "splits": results}
+    return {
+        "bundle": str(bundle),
+        "data": scorer.data_hash,
+        "splits": results,
+        "_scores": scores_by_split,
+    }
 
 
 __all__ = ["collapse_diagnostics", "evaluate", "recall_at_fpr", "split_metrics"]

@@ -54,6 +54,8 @@ class JEPAConfig:
     harm_weight: float = 1.0
     harm_pos_weight: float = 1.0  # BCE weight of harmful rows (set from the class balance)
     relational: bool = True  # harm head also reads action/task/observation cosines
+    harm_reads: str = "all"  # "all": task, z_t, a_t, z_next (+ rel); "next": z_next (+ rel)
+    harm_latent_dropout: float = 0.0  # dropout on the latents the harm head reads
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -236,8 +238,13 @@ class JEPA(nn.Module):
         self.action = mlp(TEXT_DIM + len(GUI_KINDS) + 2, config.hidden_dim, d)
         self.predictor = Predictor(config)
         # harm(task, z_t, a_t, z_{t+1}): same weights before (predicted) and after (observed)
+        n_latents = 4 if config.harm_reads == "all" else 1
+        self.harm_drop = nn.Dropout(config.harm_latent_dropout)
         self.harm = mlp(
-            4 * d + (REL_DIM if config.relational else 0), config.hidden_dim, 1, config.dropout
+            n_latents * d + (REL_DIM if config.relational else 0),
+            config.hidden_dim,
+            1,
+            config.dropout,
         )
 
     def encode_context(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
@@ -249,7 +256,8 @@ class JEPA(nn.Module):
     def harm_logit(
         self, task: Tensor, z_t: Tensor, a_t: Tensor, z_next: Tensor, rel: Tensor | None
     ) -> Tensor:
-        parts = [task, z_t, a_t, z_next]
+        latents = [task, z_t, a_t, z_next] if self.config.harm_reads == "all" else [z_next]
+        parts = [self.harm_drop(torch.cat(latents, dim=-1))]
         if self.config.relational:
             parts.append(rel if rel is not None else torch.zeros(len(task), REL_DIM))
         return self.harm(torch.cat(parts, dim=-1)).squeeze(-1)

@@ -19,7 +19,7 @@ def main() -> None:
     bus = KafkaBus(KafkaSettings(bootstrap_servers=bootstrap, client_id="crash-worker"))
 
     def handle(event: StepEvent, _msg: object) -> list[Output]:
-        time.sleep(0.01)  # slow enough that a kill lands mid-stream
+        time.sleep(0.03)  # slow enough (9 s for the stream) that a kill lands mid-stream
         score = Score(
             trajectory_id=event.trajectory_id, step_id=event.step.step_id, tier=0, score=0.5
         )
