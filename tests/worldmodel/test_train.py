@@ -134,3 +134,72 @@ def test_cli_eval_reports_held_out_metrics(bundle: Path, data: Path, tmp_path: P
     assert "agentdojo/test_slack:" in run.stdout
     assert not any(k.endswith("/train") or k.endswith("/val") for k in result["splits"])
     assert np.isfinite(slack["surprise_auroc_injected"])
+
+
+def test_cli_builds_data_and_trains_a_bundle_under_vigil_home(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "VIGIL_HOME": str(tmp_path / "home")}
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "monitor.cli",
+            "worldmodel",
+            "build-data",
+            "agentdojo",
+            "--suites",
+            "banking",
+            "--max-user-tasks",
+            "4",
+            "--max-injection-tasks",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    data = tmp_path / "home" / "data" / "agentdojo"
+    assert (data / "manifest.json").exists()
+    assert "train:" in build.stdout and "harmful" in build.stdout
+    trained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "monitor.cli",
+            "worldmodel",
+            "train",
+            "--epochs",
+            "1",
+            "--latent-dim",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    assert trained.returncode == 0, trained.stderr
+    assert "epoch 1:" in trained.stderr  # progress as it trains
+    bundle = tmp_path / "home" / "models" / "worldmodel"
+    assert json.loads((bundle / "config.json").read_text())["model"]["latent_dim"] == 32
+    assert (tmp_path / "home" / "cache" / "text").is_dir()
+
+
+def test_cli_train_without_data_says_how_to_build_it(tmp_path: Path) -> None:
+    import os
+
+    run = subprocess.run(
+        [sys.executable, "-m", "monitor.cli", "worldmodel", "train"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "VIGIL_HOME": str(tmp_path)},
+    )
+    assert run.returncode == 2
+    assert "monitor worldmodel build-data agentdojo" in run.stderr
