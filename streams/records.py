@@ -222,16 +222,13 @@ class ExecutionEnd(Record):
 # --- monitor outputs ------------------------------------------------------------
 
 
-class Score(Record):
-    """A tier's score for one step. Idempotent by (trajectory_id, step_id, tier)."""
-
-    kind: ClassVar[str] = "score"
+class _StepTierRecord(Record):
+    """What a tier says about one step. Idempotent by (trajectory_id, step_id, tier)."""
 
     trajectory_id: str
     step_id: str
-    tier: int = Field(ge=0, le=3)
+    tier: int
     score: float = Field(ge=0.0, le=1.0)
-    flagged: bool = False
     signals: dict[str, float] = Field(default_factory=dict)
     source: Source = "deployment"
     created_at: float = 0.0
@@ -241,23 +238,22 @@ class Score(Record):
         return f"{self.trajectory_id}/{self.step_id}/{self.tier}"
 
 
-class Escalation(Record):
+class Score(_StepTierRecord):
+    """A tier's score for one step."""
+
+    kind: ClassVar[str] = "score"
+
+    tier: int = Field(ge=0, le=3)
+    flagged: bool = False
+
+
+class Escalation(_StepTierRecord):
     """A step passed up from one tier to the next."""
 
     kind: ClassVar[str] = "escalation"
 
-    trajectory_id: str
-    step_id: str
     tier: int = Field(ge=1, le=3, description="the tier the step is escalated to")
-    score: float = Field(ge=0.0, le=1.0)
     reason: str = ""
-    signals: dict[str, float] = Field(default_factory=dict)
-    source: Source = "deployment"
-    created_at: float = 0.0
-
-    @property
-    def idempotency_key(self) -> str:
-        return f"{self.trajectory_id}/{self.step_id}/{self.tier}"
 
 
 class RolloutVerdict(Record):
