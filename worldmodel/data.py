@@ -183,9 +183,7 @@ def read_manifest(root: str | Path) -> Manifest:
     return Manifest(**json.loads(path.read_text()))
 
 
-def read_transitions(
-    root: str | Path, splits: Iterable[str] | None = None
-) -> Iterator[Transition]:
+def read_transitions(root: str | Path, splits: Iterable[str] | None = None) -> Iterator[Transition]:
     """Transitions of ``splits`` (all when None), screenshots as paths under ``root``."""
     root = Path(root)
     read_manifest(root)

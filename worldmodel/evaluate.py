@@ -66,6 +66,25 @@ def split_metrics(
     return out
 
 
+def relational_metrics(
+    scores: list[Any], y: np.ndarray, injected_next: np.ndarray, threshold: float
+) -> dict[str, Any]:
+    """The tool-agnostic signals of the bundle (``worldmodel.relational``) on one split."""
+    rh = np.array([s.relational_harm for s in scores], dtype=float)
+    inj = np.array([s.injection if s.injection is not None else 0.0 for s in scores])
+    return {
+        "relational_harm_auroc": _auroc(y, rh),
+        "relational_harm_recall_at_val_threshold": float((rh[y == 1] >= threshold).mean())
+        if y.sum()
+        else None,
+        "relational_harm_fpr_at_val_threshold": float((rh[y == 0] >= threshold).mean())
+        if (y == 0).any()
+        else None,
+        "relational_harm_recall_at_1pct_fpr_oracle": recall_at_fpr(y, rh),
+        "injection_auroc": _auroc(injected_next, inj),
+    }
+
+
 def evaluate(
     bundle: str | Path,
     data: list[str],
@@ -98,12 +117,14 @@ def evaluate(
             m = split_metrics(
                 y, inj, pre, post, sur, cal.harm_threshold_pre, cal.harm_threshold_post
             )
+            if scorer.relational and scores[0].relational_harm is not None:
+                m.update(relational_metrics(scores, y, inj, scorer.relational["harm_threshold"]))
             by_cat: dict[str, int] = {}
             for t in rows:
                 if t.label:
                     by_cat[t.category or "unknown"] = by_cat.get(t.category or "unknown", 0) + 1
             m["harmful_by_category"] = by_cat
-            attacks = np.array([str(t.meta.get("attack")) for t in rows])
+            attacks = np.array([str(t.meta.get("attack")) for t in rows], dtype=object)
             if len(set(attacks)) > 1:
                 m["by_attack"] = {
                     a: {

@@ -102,7 +102,10 @@ class Tables:
     nxt: np.ndarray  # (N,) int, -1 = not observed yet
     nxt_img: np.ndarray  # (N,) int
     rel: np.ndarray | None = None  # (N, REL_DIM) relational features, see ``relational``
-    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    # text rows of the pieces of each step's observation, earlier observations, next observation
+    obs_chunks: list[list[int]] = field(default_factory=list)
+    hist_chunks: list[list[int]] = field(default_factory=list)
+    next_chunks: list[list[int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.task.shape[0])
@@ -136,6 +139,7 @@ def tabulate(
     nxt_img = np.full(n, -1, dtype=np.int64)
     obs_chunks: list[list[int]] = []
     hist_chunks: list[list[int]] = []
+    next_chunks: list[list[int]] = []
     for i, s in enumerate(steps):
         task[i] = tid(s.task)
         hist = list(s.history)[-h:] if h else []
@@ -150,6 +154,9 @@ def tabulate(
         obs_img[i, h] = iid(s.observation)
         obs_chunks.append([tid(c) for c in chunks(s.observation.text)])
         hist_chunks.append([tid(c) for o_text, _ in hist for c in chunks(o_text)])
+        next_chunks.append(
+            [tid(c) for c in chunks(s.next_observation.text)] if s.next_observation else []
+        )
         if s.next_observation is not None:
             nxt[i] = tid(s.next_observation.text)
             nxt_img[i] = iid(s.next_observation)
@@ -160,7 +167,21 @@ def tabulate(
     imgs = np.zeros((len(images), 3, size, size), dtype=np.uint8)
     for ref, k in images.items():
         imgs[k] = load_image(ref, image_base, size)
-    return Tables(text, imgs, task, obs, act, gui, obs_img, nxt, nxt_img, rel)
+    return Tables(
+        text,
+        imgs,
+        task,
+        obs,
+        act,
+        gui,
+        obs_img,
+        nxt,
+        nxt_img,
+        rel,
+        obs_chunks,
+        hist_chunks,
+        next_chunks,
+    )
 
 
 def relational(

@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from worldmodel.calibration import Calibration
 from worldmodel.encoders import TextEncoder
 from worldmodel.features import StepInput, make_batch, tabulate
 from worldmodel.model import JEPA, JEPAConfig
+from worldmodel.relational import InjectionDetector, RelationalHarm, relational_features
 
 BUNDLE_FILES = ("model.pt", "config.json", "calibration.json", "data.json")
 
@@ -32,6 +34,8 @@ class WorldModelScore:
     harm_post: float | None  # calibrated probability, from the observed next latent
     surprise: float | None  # 1 − conformal p-value of the prediction error
     error: float | None  # raw latent prediction error
+    relational_harm: float | None = None  # tool-agnostic harm probability (relational.py)
+    injection: float | None = None  # probability the observed result carries injected text
 
     @property
     def harm(self) -> float:
@@ -43,6 +47,10 @@ class WorldModelScore:
             out["wm_harm_post"] = self.harm_post
         if self.surprise is not None:
             out["wm_surprise"] = self.surprise
+        if self.relational_harm is not None:
+            out["wm_relational_harm"] = self.relational_harm
+        if self.injection is not None:
+            out["wm_injection"] = self.injection
         return out
 
 
@@ -65,6 +73,7 @@ class WorldModelScorer:
         batch_size: int = 64,
         image_base: Path | None = None,
         data_hash: dict[str, str] | None = None,
+        relational: dict[str, Any] | None = None,
     ) -> None:
         self.model = model.eval()
         self.config: JEPAConfig = model.config
@@ -73,6 +82,11 @@ class WorldModelScorer:
         self.batch_size = batch_size
         self.image_base = image_base
         self.data_hash = data_hash or {}
+        self.detector = self.relational_harm = None
+        self.relational = relational
+        if relational:
+            self.detector = InjectionDetector.from_dict(relational["detector"])
+            self.relational_harm = RelationalHarm.from_dict(relational["harm"])
 
     @classmethod
     def load(
@@ -86,12 +100,14 @@ class WorldModelScorer:
         model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
         calibration = Calibration.from_dict(json.loads((path / "calibration.json").read_text()))
         data = json.loads((path / "data.json").read_text())
+        rel_file = path / "relational.json"
         return cls(
             model,
             calibration,
             encoder or TextEncoder(cache_dir=cfg.get("text_cache")),
             batch_size=batch_size,
             data_hash={d: v["hash"] for d, v in data.items()},
+            relational=json.loads(rel_file.read_text()) if rel_file.exists() else None,
         )
 
     @torch.no_grad()
@@ -114,12 +130,21 @@ class WorldModelScorer:
         harm_pre = cal.harm_pre(np.concatenate(pre))
         harm_post = cal.harm_post(np.concatenate(post))
         surprise = cal.surprise(err, gui)
+        rel_harm = injection = None
+        if self.detector is not None and self.relational_harm is not None and self.relational:
+            x = relational_features(tables, self.detector)
+            rel_harm = self.relational_harm.predict_proba(x)[:, 1]
+            a, b = self.relational["injection_platt"]
+            logit = self.detector.score(tables.text, tables.next_chunks)
+            injection = 1.0 / (1.0 + np.exp(-np.clip(a * logit + b, -50, 50)))
         return [
             WorldModelScore(
                 harm_pre=float(harm_pre[i]),
                 harm_post=float(harm_post[i]) if observed[i] else None,
                 surprise=float(surprise[i]) if observed[i] else None,
                 error=float(err[i]) if observed[i] else None,
+                relational_harm=None if rel_harm is None else float(rel_harm[i]),
+                injection=None if injection is None or not observed[i] else float(injection[i]),
             )
             for i in range(len(steps))
         ]

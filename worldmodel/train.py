@@ -28,6 +28,7 @@ from worldmodel.data import Transition, read_manifest, read_transitions
 from worldmodel.encoders import TextEncoder
 from worldmodel.features import Tables, make_batch, step_input, tabulate
 from worldmodel.model import JEPA, JEPAConfig, ema_update, momentum_at
+from worldmodel.relational import InjectionDetector, RelationalHarm, relational_features
 
 FIT_SPLITS = ("train", "val")
 
@@ -60,6 +61,7 @@ class Prepared:
     transitions: list[Transition]
     tables: Tables
     labels: np.ndarray
+    injected: np.ndarray
     injected_next: np.ndarray
     successor: np.ndarray
     split: np.ndarray
@@ -96,6 +98,7 @@ def prepare(
         transitions=transitions,
         tables=tables,
         labels=np.array([t.label for t in transitions], dtype=np.int64),
+        injected=np.array([t.injected for t in transitions], dtype=np.int64),
         injected_next=np.array([t.next_injected for t in transitions], dtype=np.int64),
         successor=successor,
         split=np.array([t.split for t in transitions]),
@@ -296,6 +299,7 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
         normal=(prep.labels[cal_rows] == 0) & (prep.injected_next[cal_rows] == 0),
         gui=prep.image_domain[cal_rows],
     )
+    relational = fit_relational(prep, train_rows, cal_rows, cfg.seed)
     out = Path(cfg.out)
     save_bundle(
         out,
@@ -309,6 +313,7 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
             "stopped_early": stopped_early,
             "train_rows": int(len(train_rows)),
             "val_rows": int(len(val_rows)),
+            "relational_val": relational.pop("val"),
             "val": {
                 "harm_auroc_pre": _auroc(prep.labels[cal_rows], v["harm_pre"]),
                 "harm_auroc_post": _auroc(prep.labels[cal_rows], v["harm_post"]),
@@ -317,8 +322,37 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
             },
         },
     )
+    (out / "relational.json").write_text(json.dumps(relational, sort_keys=True))
     log(f"wrote {out} in {time.monotonic() - t_start:.0f} s")
     return out
+
+
+def fit_relational(
+    prep: Prepared, train_rows: np.ndarray, cal_rows: np.ndarray, seed: int
+) -> dict[str, Any]:
+    """Fit the injection detector and the relational harm model on train; calibrate on val."""
+    from worldmodel.calibration import fit_platt, threshold_at_fpr
+
+    t = prep.tables
+    detector = InjectionDetector(seed=seed).fit(
+        t.text, [t.obs_chunks[i] for i in train_rows], prep.injected[train_rows]
+    )
+    x = relational_features(t, detector)
+    harm = RelationalHarm().fit(x[train_rows], prep.labels[train_rows])
+    p = harm.predict_proba(x[cal_rows])[:, 1]
+    y = prep.labels[cal_rows]
+    inj_next = detector.score(t.text, [t.next_chunks[i] for i in cal_rows])
+    platt = fit_platt(inj_next, prep.injected_next[cal_rows])
+    return {
+        "detector": detector.to_dict(),
+        "harm": harm.to_dict(),
+        "harm_threshold": threshold_at_fpr(p[y == 0], 0.01),
+        "injection_platt": list(platt),
+        "val": {
+            "relational_harm_auroc": _auroc(y, p),
+            "injection_auroc_next": _auroc(prep.injected_next[cal_rows], inj_next),
+        },
+    }
 
 
 def save_bundle(

@@ -113,3 +113,24 @@ def test_threshold_at_fpr_lets_through_at_most_that_share_of_benign_scores() -> 
     thr = threshold_at_fpr(scores, 0.01)
     assert (scores >= thr).mean() <= 0.01
     assert (scores >= threshold_at_fpr(scores, 0.05)).mean() > 0.04
+
+
+def test_injection_detector_finds_the_instruction_piece_whatever_surrounds_it() -> None:
+    from worldmodel.relational import InjectionDetector
+
+    rng = np.random.default_rng(0)
+    text = rng.standard_normal((50, 384)).astype(np.float32)
+    direction = rng.standard_normal(384).astype(np.float32)
+    text[40:] += 3 * direction  # rows 40.. are "instruction-like" pieces
+    chunk_lists = [[i % 40, (i + 7) % 40] for i in range(60)]
+    y = np.zeros(60, int)
+    for i in range(0, 60, 3):  # every third observation has one injected piece among benign ones
+        chunk_lists[i].append(40 + i % 10)
+        y[i] = 1
+    det = InjectionDetector(epochs=200).fit(text, chunk_lists[:40], y[:40])
+    s = det.score(text, chunk_lists[40:])
+    assert s[y[40:] == 1].min() > s[y[40:] == 0].max()
+    again = InjectionDetector.from_dict(det.to_dict())
+    assert np.array_equal(again.score(text, chunk_lists), det.score(text, chunk_lists))
+    with pytest.raises(RuntimeError, match="not fitted"):
+        InjectionDetector().score(text, chunk_lists)

@@ -85,6 +85,7 @@ def test_bundle_round_trip_gives_identical_scores(bundle: Path, data: Path) -> N
     b = WorldModelScorer.load(bundle).score(steps)
     assert a == b
     assert all(0.0 <= s.harm_pre <= 1.0 and s.surprise is not None for s in a)
+    assert all(s.relational_harm is not None and s.injection is not None for s in a)
 
 
 def test_pre_execution_scoring_needs_no_next_observation(bundle: Path, data: Path) -> None:
