@@ -80,8 +80,12 @@ def plot(result: dict, scores: dict, history: list, out: Path) -> list[str]:
     files = []
     fig, axes = plt.subplots(1, max(1, len(scores)), figsize=(5 * max(1, len(scores)), 4.2))
     axes = np.atleast_1d(axes)
-    for ax, (name, (y, pre, post)) in zip(axes, scores.items(), strict=False):
-        for label, s in (("pre-execution", pre), ("post-execution", post)):
+    for ax, (name, (y, pre, post, rel)) in zip(axes, scores.items(), strict=False):
+        for label, s in (
+            ("JEPA harm, pre-execution", pre),
+            ("JEPA harm, post-execution", post),
+            ("relational harm", rel),
+        ):
             if 0 < y.sum() < len(y):
                 f, t, _ = roc_curve(y, s)
                 ax.plot(f, t, label=label)

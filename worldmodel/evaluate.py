@@ -96,7 +96,7 @@ def evaluate(
     scorer = WorldModelScorer.load(bundle, batch_size=256)
     cal = scorer.calibration
     results: dict[str, Any] = {}
-    scores_by_split: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    scores_by_split: dict[str, tuple[np.ndarray, ...]] = {}
     for d in data:
         manifest = read_manifest(d)
         wanted = splits or manifest.held_out_splits
@@ -140,7 +140,8 @@ def evaluate(
                     for sel in [attacks == a]
                 }
             results[f"{manifest.name}/{split}"] = m
-            scores_by_split[f"{manifest.name}/{split}"] = (y, pre, post)
+            rh = np.array([s.relational_harm or 0.0 for s in scores])
+            scores_by_split[f"{manifest.name}/{split}"] = (y, pre, post, rh)
     scorer.encoder.save()  # the next evaluation reuses these encodings
     return {
         "bundle": str(bundle),
