@@ -79,26 +79,37 @@ def rollout_step_events(tree: ExecutionTree) -> list[StepEvent]:
 
 
 @dataclass
-class RolloutReassembler:
-    """The handler, tick and hold of a ``StreamProcessor`` over the TITO topics."""
+class TreeCollector:
+    """Collects TITO records and says which executions are complete.
 
-    topics: Topics
+    ``handle`` takes a record (raising :class:`LateRecordError` for one whose
+    execution was already emitted); ``ready`` returns the executions whose
+    calls can no longer be on their way; ``hold`` is the first offset per
+    partition still only in memory (commits never pass it).
+
+    An execution is ready when its end was seen ``grace_s`` ago *and* the calls
+    topic has been read past the end's producer time plus ``grace_s``: while a
+    backlog is caught up, the small end records run far ahead of the calls, and
+    a wall-clock grace alone would emit executions half-read.
+    """
+
     grace_s: float = 1.0
-    on_tree: Callable[[TreeSummary], None] | None = None
     clock: Callable[[], float] = time.monotonic
     assembler: TreeAssembler = field(default_factory=TreeAssembler)
     admissions: Counter[str] = field(default_factory=Counter)
     _first_offset: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
-    _ended_at: dict[str, float] = field(default_factory=dict)
+    _ended_at: dict[str, tuple[float, int]] = field(default_factory=dict)  # wall, producer ms
+    _calls_seen: dict[int, tuple[int, float]] = field(default_factory=dict)  # partition -> ts
 
-    def handle(self, record: Record, message: Message) -> Iterable[Output]:
+    def handle(self, record: Record, message: Message) -> None:
         if isinstance(record, TitoCall):
             eid, admission = record.execution_id, self.assembler.add_call(record)
+            self._calls_seen[message.partition] = (message.timestamp_ms, self.clock())
         elif isinstance(record, ExecutionEnd):
             eid, admission = record.execution_id, self.assembler.add_end(record)
             if admission == "added":
-                self._ended_at[eid] = self.clock()
-        else:  # pragma: no cover - models map guarantees the two types
+                self._ended_at[eid] = (self.clock(), message.timestamp_ms)
+        else:  # pragma: no cover - the processor's models map admits only the two
             raise TypeError(f"unexpected record {record.kind}")
         self.admissions[admission] += 1
         if admission == "late":
@@ -107,24 +118,76 @@ class RolloutReassembler:
             tp = (message.topic, message.partition)
             firsts = self._first_offset.setdefault(eid, {})
             firsts[tp] = min(firsts.get(tp, message.offset), message.offset)
+
+    def _calls_watermark(self, now: float) -> float:
+        """The producer time the calls topic has been read up to: the oldest last-read
+        timestamp over its partitions still delivering (a partition idle for the grace
+        window is caught up and does not hold the watermark back)."""
+        live = [ts for ts, seen in self._calls_seen.values() if now - seen < self.grace_s]
+        return min(live) if live else float("inf")
+
+    def ready(self) -> list[ExecutionTree]:
+        now = self.clock()
+        mark = self._calls_watermark(now)
+        grace_ms = self.grace_s * 1000
+        ready = {
+            e
+            for e, (seen, ts) in self._ended_at.items()
+            if now - seen >= self.grace_s and (ts <= 0 or ts + grace_ms <= mark)  # 0: no time
+        }
+        return self._release(self.assembler.pop_completed(ready)) if ready else []
+
+    def flush(self) -> list[ExecutionTree]:
+        """Everything buffered, ended or not (end of a replayed file)."""
+        return self._release(self.assembler.flush())
+
+    def _release(self, trees: list[ExecutionTree]) -> list[ExecutionTree]:
+        for tree in trees:
+            self._ended_at.pop(tree.execution_id, None)
+            self._first_offset.pop(tree.execution_id, None)
+        return trees
+
+    def hold(self) -> Positions:
+        held: dict[tuple[str, int], int] = {}
+        for firsts in self._first_offset.values():
+            for tp, off in firsts.items():
+                held[tp] = min(held.get(tp, off), off)
+        return held
+
+
+@dataclass
+class RolloutReassembler:
+    """The handler, tick and hold of a ``StreamProcessor``: trees → rollout step events."""
+
+    topics: Topics
+    grace_s: float = 1.0
+    on_tree: Callable[[TreeSummary], None] | None = None
+    collector: TreeCollector = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.collector = TreeCollector(grace_s=self.grace_s)
+
+    @property
+    def admissions(self) -> Counter[str]:
+        return self.collector.admissions
+
+    def handle(self, record: Record, message: Message) -> Iterable[Output]:
+        self.collector.handle(record, message)
         return ()
 
     def tick(self) -> list[Output]:
-        now = self.clock()
-        ready = {e for e, t in self._ended_at.items() if now - t >= self.grace_s}
-        if not ready:
-            return []
-        return self._emit(self.assembler.pop_completed(ready))
+        return self._emit(self.collector.ready())
 
     def flush(self) -> list[Output]:
         """Emit everything buffered, ended or not (end of a replayed file)."""
-        return self._emit(self.assembler.flush())
+        return self._emit(self.collector.flush())
+
+    def hold(self) -> Positions:
+        return self.collector.hold()
 
     def _emit(self, trees: list[ExecutionTree]) -> list[Output]:
         outputs = []
         for tree in trees:
-            self._ended_at.pop(tree.execution_id, None)
-            self._first_offset.pop(tree.execution_id, None)
             for event in rollout_step_events(tree):
                 outputs.append(
                     Output(
@@ -147,13 +210,6 @@ class RolloutReassembler:
                     )
                 )
         return outputs
-
-    def hold(self) -> Positions:
-        held: dict[tuple[str, int], int] = {}
-        for firsts in self._first_offset.values():
-            for tp, off in firsts.items():
-                held[tp] = min(held.get(tp, off), off)
-        return held
 
 
 def reassembly_processor(
@@ -189,6 +245,7 @@ __all__ = [
     "LateRecordError",
     "RolloutReassembler",
     "TitoConflictError",
+    "TreeCollector",
     "TreeSummary",
     "reassembly_processor",
     "rollout_step_events",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,29 @@ def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
         b = KafkaBus(request.getfixturevalue("kafka_settings"))
     yield b
     b.close()
+
+
+@pytest.fixture(scope="session")
+def small_agentdojo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small real AgentDojo transition build (banking for training, slack held out)."""
+    from worldmodel.agentdojo_data import build_agentdojo
+
+    out = tmp_path_factory.mktemp("agentdojo-small")
+    build_agentdojo(out, suites=["banking", "slack"], attacks=["important_instructions"],
+                    max_user_tasks=6, max_injection_tasks=3, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_worldmodel_bundle(small_agentdojo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small world-model bundle trained on ``small_agentdojo`` (4 epochs, ~30 s)."""
+    from worldmodel.model import JEPAConfig
+    from worldmodel.train import TrainConfig, train
+
+    out = tmp_path_factory.mktemp("bundle") / "wm"
+    small = JEPAConfig(latent_dim=32, hidden_dim=64, history=2, predictor_layers=1,
+                       predictor_heads=2, use_images=False)
+    train(TrainConfig(data=[str(small_agentdojo)], out=str(out), epochs=4, batch_size=32,
+                      text_cache=str(tmp_path_factory.mktemp("textcache")), model=small),
+          log=lambda _: None)
+    return out

@@ -10,12 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worldmodel.agentdojo_data import build_agentdojo
 from worldmodel.data import read_transitions
 from worldmodel.features import step_input
 from worldmodel.model import JEPAConfig
 from worldmodel.score import WorldModelScorer
-from worldmodel.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = JEPAConfig(
@@ -24,35 +22,13 @@ SMALL = JEPAConfig(
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("agentdojo-small")
-    build_agentdojo(
-        out,
-        suites=["banking", "slack"],
-        attacks=["important_instructions"],
-        max_user_tasks=6,
-        max_injection_tasks=3,
-        progress=False,
-    )
-    return out
+def data(small_agentdojo: Path) -> Path:
+    return small_agentdojo
 
 
 @pytest.fixture(scope="module")
-def bundle(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bundle") / "wm"
-    cache = tmp_path_factory.mktemp("textcache")
-    train(
-        TrainConfig(
-            data=[str(data)],
-            out=str(out),
-            epochs=4,
-            batch_size=32,
-            text_cache=str(cache),
-            model=SMALL,
-        ),
-        log=lambda _: None,
-    )
-    return out
+def bundle(tiny_worldmodel_bundle: Path) -> Path:
+    return tiny_worldmodel_bundle
 
 
 def test_training_writes_a_complete_bundle_without_collapse(bundle: Path, data: Path) -> None:

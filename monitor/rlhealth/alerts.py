@@ -1,0 +1,173 @@
+"""Alert rules over the per-version and per-group signals.
+
+Each rule is a small pure function of closed versions (a version is closed
+once a later one has been seen), so the stream and the offline report raise
+the same alerts for the same records. An :class:`Alert` names its kind, the
+version (or group) it is about, the value and the bound it crossed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from monitor.rlhealth.formulas import expected_staleness, relative_extra_discrepancy
+from monitor.rlhealth.signals import GroupSignals, VersionSignals
+
+AlertKind = Literal["staleness", "drift", "mismatch", "reward_hacking"]
+ALERT_KINDS: tuple[AlertKind, ...] = ("staleness", "drift", "mismatch", "reward_hacking")
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: AlertKind
+    version: int | None
+    value: float
+    threshold: float
+    message: str
+    subject: str = ""  # the group's query id for reward hacking
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.version}/{self.subject}"
+
+
+@dataclass(frozen=True)
+class AlertConfig:
+    """Bounds of the RL-health alerts (the run's configured φ, μ and tolerances)."""
+
+    phi: float = 1.0
+    mu: int = 1
+    staleness_tolerance: float = 0.5  # |observed mean − E[d]| allowed, in versions
+    staleness_window: int = 0  # versions averaged; 0 = the smallest multiple of μ >= 4
+    staleness_warmup: int | None = None  # first versions skipped; None = ceil(φ)
+    drift_growth: float = 1.5  # alert when mean |M| grows by more than this factor ...
+    drift_min_nats: float = 1.0  # ... and is above this floor
+    drift_window: int = 3  # ... against the mean of this many previous versions
+    mismatch_reference: float | None = None  # D_ref; None = median of the first versions
+    mismatch_reference_versions: int = 3
+    mismatch_spike: float = 1.0  # alert when (D − D_ref)/D_ref exceeds this
+    min_samples: int = 2  # a version with fewer samples is not judged
+
+    @property
+    def expected_staleness(self) -> float:
+        return expected_staleness(self.phi, self.mu)
+
+    @property
+    def window(self) -> int:
+        if self.staleness_window > 0:
+            return self.staleness_window
+        return self.mu * max(1, -(-4 // self.mu))
+
+    @property
+    def warmup(self) -> int:
+        return int(np.ceil(self.phi)) if self.staleness_warmup is None else self.staleness_warmup
+
+
+def staleness_alert(closed: Sequence[VersionSignals], cfg: AlertConfig) -> Alert | None:
+    """The mean staleness of the last ``window`` closed versions (sample-weighted) leaves
+    ``E[d] ± tolerance``. Judged once ``window`` versions past the warm-up are closed."""
+    judged = [v for v in closed if v.version >= cfg.warmup and v.staleness_mean is not None]
+    if len(judged) < cfg.window:
+        return None
+    last = judged[-cfg.window :]
+    n = sum(sum(v.staleness_hist.values()) for v in last)
+    if n < cfg.min_samples:
+        return None
+    mean = sum(d * c for v in last for d, c in v.staleness_hist.items()) / n
+    expected = cfg.expected_staleness
+    if abs(mean - expected) <= cfg.staleness_tolerance:
+        return None
+    return Alert(
+        "staleness",
+        last[-1].version,
+        mean,
+        expected,
+        f"mean staleness {mean:.2f} over versions {last[0].version}..{last[-1].version} is "
+        f"outside E[d] = φ + (μ − 1)/2 = {expected:.2f} ± {cfg.staleness_tolerance}",
+    )
+
+
+def drift_alert(closed: Sequence[VersionSignals], cfg: AlertConfig) -> Alert | None:
+    """Early warning: the latest closed version's mean |M| is above ``drift_min_nats`` and
+    more than ``drift_growth`` times the mean of the ``drift_window`` versions before it."""
+    judged = [v for v in closed if v.drift_abs_mean is not None and v.sequences >= cfg.min_samples]
+    if len(judged) < 2:
+        return None
+    cur = judged[-1]
+    prev = judged[-1 - cfg.drift_window : -1]
+    base = float(np.mean([v.drift_abs_mean for v in prev if v.drift_abs_mean is not None]))
+    m = cur.drift_abs_mean
+    assert m is not None
+    if m < cfg.drift_min_nats or m <= cfg.drift_growth * base:
+        return None
+    growth = m / base if base > 0 else float("inf")
+    return Alert(
+        "drift",
+        cur.version,
+        m,
+        cfg.drift_growth,
+        f"off-policy drift mean |M| = {m:.2f} nats at version {cur.version} grew {growth:.1f}x "
+        f"over the previous {len(prev)} versions ({base:.2f} nats): training may be about "
+        "to collapse",
+    )
+
+
+def mismatch_reference(closed: Sequence[VersionSignals], cfg: AlertConfig) -> float | None:
+    """``D_ref``: configured, or the median mismatch of the first closed versions."""
+    if cfg.mismatch_reference is not None:
+        return cfg.mismatch_reference
+    first = [v.mismatch_abs_mean for v in closed if v.mismatch_abs_mean is not None][
+        : cfg.mismatch_reference_versions
+    ]
+    if len(first) < cfg.mismatch_reference_versions:
+        return None
+    ref = float(np.median(first))
+    return ref if ref > 0 else None
+
+
+def mismatch_alert(by_policy: Sequence[VersionSignals], cfg: AlertConfig) -> Alert | None:
+    """A spike of the rollout–training mismatch: the latest closed rollout (policy)
+    version's mean ``|Δ log p|`` is more than ``mismatch_spike`` relative extra over
+    ``D_ref``."""
+    ref = mismatch_reference(by_policy, cfg)
+    if ref is None or not by_policy:
+        return None
+    cur = by_policy[-1]
+    if cur.mismatch_abs_mean is None or cur.sequences < cfg.min_samples:
+        return None
+    extra = relative_extra_discrepancy(cur.mismatch_abs_mean, ref)
+    if extra <= cfg.mismatch_spike:
+        return None
+    return Alert(
+        "mismatch",
+        cur.version,
+        extra,
+        cfg.mismatch_spike,
+        f"rollout–training mismatch {cur.mismatch_abs_mean:.4f} nats/token at policy version "
+        f"{cur.version} is {extra:+.0%} over the reference {ref:.4f}",
+    )
+
+
+def reward_hacking_alert(group: GroupSignals) -> Alert | None:
+    if not group.reward_hacking:
+        return None
+    why = (
+        f"reward {group.reward_delta:+.2f} and harm {group.harm_delta:+.2f} both rose"
+        if group.reward_delta is not None
+        and group.harm_delta is not None
+        and group.reward_delta > 0
+        and group.harm_delta > 0
+        else f"reward and harm correlate (r = {group.reward_harm_corr:.2f})"
+    )
+    return Alert(
+        "reward_hacking",
+        group.version,
+        group.harm_mean if group.harm_mean is not None else 0.0,
+        0.0,
+        f"group {group.query_id} at version {group.version}: {why} — possible reward hacking",
+        subject=group.query_id,
+    )

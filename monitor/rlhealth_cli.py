@@ -1,0 +1,274 @@
+"""`monitor rlhealth`: RL rollout health from the TITO topics, or offline from a file.
+
+The lead wires it into ``monitor.cli`` with ``add_parser(subparsers)``; until
+then it also runs as ``python -m monitor.rlhealth_cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+EPILOG = textwrap.dedent(
+    """\
+    examples:
+      monitor rlhealth --file rollouts.jsonl --phi 1 --mu 2          # offline report
+      monitor rlhealth --file rollouts.jsonl --json > report.json
+      monitor rlhealth --simulate run.jsonl                            # a synthetic run to try
+      monitor rlhealth --bootstrap-servers 127.0.0.1:9092 --metrics-port 9108
+                                        # stream vigil.tito.* -> vigil.scores, /metrics
+
+    The stream publishes one L0 score per execution (signals rl_staleness,
+    rl_drift_abs_nats_max, rl_out_of_trust_share, rl_mismatch_abs_mean, ...) and
+    one flagged score per alert (rl_alert_<kind>) to the scores topic; bad records
+    go to the dead-letter topic.
+    """
+)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "rlhealth",
+        help="RL rollout health: staleness, execution shape, drift, mismatch, reward integrity",
+        description="RL rollout health from the TITO topics (or a TITO file): staleness, "
+        "execution shape, off-policy drift, rollout-training mismatch and reward integrity, "
+        "as alerts, L0 scores and Prometheus metrics.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--file", metavar="FILE.jsonl", help="compute offline from a TITO file")
+    src.add_argument(
+        "--simulate", metavar="OUT.jsonl", help="write a synthetic RL run with a collapse"
+    )
+    p.add_argument(
+        "--bootstrap-servers",
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: $VIGIL_KAFKA_BOOTSTRAP_SERVERS)",
+    )
+    p.add_argument("--group", default="vigil-rlhealth", help="consumer group (default %(default)s)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port (0: any free port; default: off)",
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics")
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="stop after this many seconds with no input (default: run until Ctrl-C)",
+    )
+    p.add_argument("--grace", type=float, default=1.0, help="seconds to wait for late calls")
+    p.add_argument(
+        "--close-after",
+        type=float,
+        default=30.0,
+        help="stream: judge a version once idle this many seconds (default %(default)s)",
+    )
+    p.add_argument("--no-publish", action="store_true", help="do not publish scores")
+    p.add_argument("--json", action="store_true", help="print the full report as JSON")
+    p.add_argument("--out", metavar="REPORT.json", help="also write the full report here")
+    g = p.add_argument_group("the run's configuration and alert bounds")
+    g.add_argument("--phi", type=float, default=1.0, help="extra dispatch, batch units")
+    g.add_argument("--mu", type=int, default=1, help="training steps per burst")
+    g.add_argument("--staleness-tolerance", type=float, default=0.5)
+    g.add_argument("--j-max", type=int, default=5, help="trajectories admitted per execution")
+    g.add_argument("--trust-delta", type=float, default=0.8, help="trust region |rho - 1| <= d")
+    g.add_argument("--drift-growth", type=float, default=1.5, help="alert factor per version")
+    g.add_argument("--drift-min-nats", type=float, default=1.0)
+    g.add_argument("--mismatch-reference", type=float, default=None, help="D_ref (nats/token)")
+    g.add_argument("--mismatch-spike", type=float, default=1.0, help="alert on (D-Dref)/Dref")
+    p.set_defaults(fn=cmd_rlhealth)
+    return p
+
+
+def _config(args: argparse.Namespace, *, stream: bool) -> Any:
+    from monitor.rlhealth.alerts import AlertConfig
+    from monitor.rlhealth.stream import RLHealthConfig
+
+    if args.mu < 1 or args.phi < 0 or args.j_max < 0:
+        raise ValueError("--mu must be >= 1, --phi >= 0 and --j-max >= 0")
+    return RLHealthConfig(
+        j_max=args.j_max,
+        trust_delta=args.trust_delta,
+        alerts=AlertConfig(
+            phi=args.phi,
+            mu=args.mu,
+            staleness_tolerance=args.staleness_tolerance,
+            drift_growth=args.drift_growth,
+            drift_min_nats=args.drift_min_nats,
+            mismatch_reference=args.mismatch_reference,
+            mismatch_spike=args.mismatch_spike,
+        ),
+        close_lag=None if stream else 1,
+        close_after_s=args.close_after if stream else None,
+    )
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a few readable lines."""
+    lines = [f"executions: {report['executions']}  (late samples: {report['late_samples']})"]
+    st = report["staleness"]
+    obs = st["observed_mean"]
+    lines.append(
+        f"staleness: observed mean {obs:.3f}" if obs is not None else "staleness: no versions"
+    )
+    if st["observed_mean_after_warmup"] is not None:
+        lines[-1] += f" ({st['observed_mean_after_warmup']:.3f} after the warm-up)"
+    lines[-1] += f", expected phi + (mu - 1)/2 = {st['expected']:.3f}, histogram {st['histogram']}"
+    sh = report["shape"]
+    d = sh["duration_s"]
+    if d:
+        lines.append(
+            f"duration: p50 {d['p50']:.0f}s p90 {d['p90']:.0f}s p99 {d['p99']:.0f}s "
+            f"max {d['max']:.0f}s; timed out {sh['timed_out']}"
+        )
+    if sh["timeout_reward"]:
+        lines.append(f"timed-out partial reward: mean {sh['timeout_reward']['mean']:.3f}")
+    ratio = sh["dedup_ratio"]
+    lines.append(
+        f"trajectories: {sh['leaves']} leaves, {sh['admitted']} admitted "
+        f"{sh['admitted_by_role']}, {sh['dropped_over_j_max']} over J_max; "
+        f"nodes {sh['node_occurrences']} occurrences vs {sh['unique_nodes']} unique"
+        + (f" (ratio {ratio:.3f})" if ratio is not None else "")
+    )
+    for v in report["versions"]:
+        drift = v["drift_abs_mean"]
+        lines.append(
+            f"  version {v['version']:>4}: {v['samples']:>4} samples"
+            + (f", staleness {v['staleness_mean']:.2f}" if v["staleness_mean"] is not None else "")
+            + (f", |M| {drift:.3f} nats" if drift is not None else "")
+            + (
+                f", out-of-trust {v['out_of_trust_share']:.4f}"
+                if v["out_of_trust_share"] is not None
+                else ""
+            )
+            + (f", reward {v['reward_mean']:.3f}" if v["reward_mean"] is not None else "")
+        )
+    lines.append(f"groups: {report['groups']['seen']}, flagged {len(report['groups']['flagged'])}")
+    lines.append(f"alerts: {len(report['alerts'])}")
+    lines += [f"  [{a['kind']}] {a['message']}" for a in report["alerts"]]
+    return "\n".join(lines)
+
+
+def _emit(report: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2, sort_keys=True)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+
+
+def cmd_rlhealth(args: argparse.Namespace) -> int:
+    if args.simulate:
+        from monitor.rlhealth.simulate import simulate_rl_run
+        from streams.records import write_jsonl
+
+        run = simulate_rl_run(phi=args.phi, mu=args.mu)
+        n = write_jsonl(args.simulate, run.records)
+        print(
+            f"wrote {n} records ({run.executions} executions, {run.calls} calls) to "
+            f"{args.simulate}; drift grows from version {run.drift_onset}, rewards collapse "
+            f"at {run.collapse_at}"
+        )
+        return 0
+    if args.file:
+        return _offline(args)
+    return _stream(args)
+
+
+def _offline(args: argparse.Namespace) -> int:
+    from monitor.rlhealth.stream import RLHealthMonitor, monitor_records
+    from streams.replay import read_records
+
+    monitor = RLHealthMonitor(_config(args, stream=False))
+    monitor_records(read_records(args.file), monitor)
+    _emit(monitor.report(), args)
+    return 0
+
+
+def _stream(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from monitor.cli import _check_reachable, _kafka_settings
+    from monitor.rlhealth.metrics import RLHealthMetrics
+    from monitor.rlhealth.stream import RLHealthMonitor, rlhealth_processor
+    from streams.config import Topics
+    from streams.kafka import KafkaBus
+
+    settings = _kafka_settings(args)
+    _check_reachable(settings)
+    config = _config(args, stream=True)
+    registry = CollectorRegistry()
+    monitor = RLHealthMonitor(config, RLHealthMetrics(registry))
+    topics = Topics()
+    bus = KafkaBus(settings)
+    server = None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        bus.ensure_topics(
+            [topics.tito_calls, topics.tito_executions, topics.scores, topics.deadletter]
+        )
+        if args.metrics_port is not None:
+            server, _ = start_http_server(args.metrics_port, args.metrics_host, registry=registry)
+            port = server.server_port
+            print(f"metrics on http://{args.metrics_host}:{port}/metrics", flush=True)
+        proc, _ = rlhealth_processor(
+            bus,
+            topics,
+            monitor,
+            args.group,
+            grace_s=args.grace,
+            publish_scores=not args.no_publish,
+            max_record_bytes=max(settings.max_record_bytes, 8 * 1_048_576),
+        )
+        print(
+            f"rlhealth: consuming {topics.tito_calls}, {topics.tito_executions} as {args.group}",
+            flush=True,
+        )
+        stats = proc.run(stop=stop, idle_timeout_s=args.idle_timeout)
+    finally:
+        if server is not None:
+            server.shutdown()
+        bus.close()
+    monitor.finish()  # judge the open versions for the summary (nothing more is published)
+    print(
+        f"consumed {stats.consumed}, dead-lettered {stats.dead_lettered}, "
+        f"published {stats.produced}",
+        flush=True,
+    )
+    _emit(monitor.report(), args)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry (``python -m monitor.rlhealth_cli``), with ``monitor``'s error style."""
+    import logging
+
+    from monitor.cli import CliError
+
+    parser = argparse.ArgumentParser(prog="monitor")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["rlhealth", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    try:
+        return int(args.fn(args))
+    except (CliError, FileNotFoundError, ValueError) as e:
+        print(f"monitor rlhealth: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
