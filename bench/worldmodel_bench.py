@@ -91,6 +91,7 @@ def plot(result: dict, scores: dict, history: list, out: Path) -> list[str]:
                 ax.plot(f, t, label=label)
         ax.axvline(0.01, color="grey", ls=":", lw=1)
         ax.set_xscale("symlog", linthresh=0.01)
+        ax.set_xlim(0, 1)
         ax.set_title(f"harm ROC: {name}")
         ax.set_xlabel("false-positive rate")
         ax.set_ylabel("recall")
