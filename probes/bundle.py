@@ -1,0 +1,170 @@
+"""Probe bundles: what L1 loads, and :class:`ProbeScorer`, which scores steps with one.
+
+A bundle is a folder::
+
+    BUNDLE/
+      bundle.json        layer, pooling, template, model id and hash, threshold, metrics, sweep
+      probe.joblib       the fitted probe (a scikit-learn estimator)
+      baseline.joblib    the difference-of-means baseline on the same layer (optional)
+
+The score of a step is the probe's probability of harm; ``threshold`` (set on
+benign validation steps at ``target_fpr``) turns it into a flag.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from probes.capture import ExtractStats, ProbeStep, Template, extract
+from probes.models import ProbeModel, load_probe_model
+
+BUNDLE_VERSION = 1
+
+
+@dataclass
+class BundleInfo:
+    layer: int
+    pooling: str
+    template: dict[str, int]
+    template_hash: str
+    model_id: str
+    model_hash: str
+    model_path: str
+    threshold: float
+    target_fpr: float
+    estimator: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    sweep: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    version: int = BUNDLE_VERSION
+
+
+def save_bundle(out: str | Path, info: BundleInfo, probe: Any, baseline: Any | None = None) -> Path:
+    import joblib
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    joblib.dump(probe, out / "probe.joblib")
+    if baseline is not None:
+        joblib.dump(baseline, out / "baseline.joblib")
+    (out / "bundle.json").write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def load_bundle(path: str | Path) -> tuple[BundleInfo, Any, Any | None]:
+    import joblib
+
+    path = Path(path)
+    if not (path / "bundle.json").exists():
+        raise FileNotFoundError(
+            f"{path}: not a probe bundle (no bundle.json); train one with `monitor probes train`"
+        )
+    info = BundleInfo(**json.loads((path / "bundle.json").read_text()))
+    probe = joblib.load(path / "probe.joblib")
+    base = path / "baseline.joblib"
+    return info, probe, joblib.load(base) if base.exists() else None
+
+
+class ProbeScorer:
+    """Steps → calibrated probabilities of harm, with the bundle's probe.
+
+    A step carrying activations from the bundle's own model (same model id and
+    pooling, with the bundle's layer) is scored from them directly; the others
+    go through the probe model (loaded on first need), with the activation cache.
+    """
+
+    def __init__(
+        self,
+        info: BundleInfo,
+        probe: Any,
+        baseline: Any | None = None,
+        *,
+        model: ProbeModel | None = None,
+        model_path: str | Path | None = None,
+        cache_dir: str | Path | None = None,
+        batch_size: int = 16,
+    ) -> None:
+        self.info = info
+        self.probe = probe
+        self.baseline = baseline
+        self.model = model
+        self.model_path = model_path
+        self.cache_dir = cache_dir
+        self.batch_size = batch_size
+        self.template = Template(**info.template)
+        self.stats = ExtractStats()
+
+    @classmethod
+    def load(cls, path: str | Path, **kwargs: Any) -> ProbeScorer:
+        info, probe, baseline = load_bundle(path)
+        return cls(info, probe, baseline, **kwargs)
+
+    @property
+    def threshold(self) -> float:
+        return self.info.threshold
+
+    def _probe_model(self) -> ProbeModel:
+        if self.model is None:
+            path = self.model_path or (self.info.model_path or None)
+            if path and not Path(path).exists():
+                path = None  # the bundle came from another machine: use the default model
+            self.model = load_probe_model(path)
+        if self.model.model_hash != self.info.model_hash:
+            raise ValueError(
+                f"probe model {self.model.model_id} ({self.model.model_hash}) is not the "
+                f"bundle's {self.info.model_id} ({self.info.model_hash})"
+            )
+        return self.model
+
+    def _attached(self, step: ProbeStep) -> Sequence[float] | None:
+        if (
+            step.activations is not None
+            and step.activations_model == self.info.model_id
+            and (step.activations_pooling or self.info.pooling) == self.info.pooling
+        ):
+            return step.activations.get(self.info.layer)
+        return None
+
+    def features(self, steps: Sequence[ProbeStep], *, progress: bool = False) -> np.ndarray:
+        """The bundle's (layer, pooling) activations for ``steps``."""
+        rows: list[np.ndarray | None] = []
+        for s in steps:
+            a = self._attached(s)
+            rows.append(None if a is None else np.asarray(a, dtype=np.float32))
+        todo = [i for i, r in enumerate(rows) if r is None]
+        if todo:
+            got = extract(
+                self._probe_model(),
+                [steps[i] for i in todo],
+                [self.info.layer],
+                template=self.template,
+                cache_dir=self.cache_dir,
+                batch_size=self.batch_size,
+                progress=progress,
+                stats=self.stats,
+            )[(self.info.layer, self.info.pooling)]
+            for j, i in enumerate(todo):
+                rows[i] = got[j]
+        return np.stack([r for r in rows if r is not None]) if rows else np.empty((0, 0))
+
+    def score_features(self, X: np.ndarray, *, baseline: bool = False) -> np.ndarray:
+        est = self.baseline if baseline else self.probe
+        if est is None:
+            raise ValueError("this bundle has no difference-of-means baseline")
+        return np.asarray(est.predict_proba(X)[:, 1])
+
+    def score(self, steps: Sequence[ProbeStep], *, progress: bool = False) -> np.ndarray:
+        """Probability of harm for each step."""
+        if not steps:
+            return np.empty(0)
+        return self.score_features(self.features(steps, progress=progress))
+
+    def flag(self, steps: Sequence[ProbeStep]) -> np.ndarray:
+        """Whether each step reaches the bundle's calibrated threshold (escalate to L2)."""
+        return self.score(steps) >= self.threshold

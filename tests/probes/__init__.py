@@ -1,0 +1,1 @@
+"""Tests of the L1 activation probes."""
