@@ -18,31 +18,13 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import clone
-from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.model_selection import StratifiedGroupKFold
 
+from dashboards.recall import auroc, recall_at_fpr, threshold_at_fpr
 from probes.estimators import DiffMeansProbe, LogisticProbe
 
-
-def recall_at_fpr(y: np.ndarray, s: np.ndarray, fpr: float = 0.01) -> float | None:
-    """Recall at exactly ``fpr`` on (y, s), interpolated on the ROC curve."""
-    if not 0 < y.sum() < len(y):
-        return None
-    f, t, _ = roc_curve(y, s)
-    return float(np.interp(fpr, f, t))
-
-
-def auroc(y: np.ndarray, s: np.ndarray) -> float | None:
-    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else None
-
-
-def calibrate_threshold(benign_scores: np.ndarray, fpr: float) -> float:
-    """The smallest threshold whose false-positive rate on benign scores is ≤ fpr."""
-    s = np.sort(np.asarray(benign_scores, dtype=np.float64))[::-1]
-    if len(s) == 0:
-        return 1.0
-    k = int(np.floor(fpr * len(s)))  # at most k benign scores may reach the threshold
-    return float(np.nextafter(s[k], np.inf)) if k < len(s) else float(s[-1])
+# the project's one implementation; ``calibrate_threshold`` is the name L1 uses
+calibrate_threshold = threshold_at_fpr
 
 
 def grouped_folds(

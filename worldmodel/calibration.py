@@ -13,6 +13,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from dashboards.recall import threshold_at_fpr
+
+__all__ = ["Calibration", "fit_calibration", "fit_platt", "threshold_at_fpr"]
+
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(x, -50, 50)))
@@ -26,15 +30,6 @@ def fit_platt(logits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
 
     lr = LogisticRegression(C=100.0).fit(logits.reshape(-1, 1), labels)
     return float(lr.coef_[0, 0]), float(lr.intercept_[0])
-
-
-def threshold_at_fpr(scores: np.ndarray, fpr: float) -> float:
-    """The smallest threshold whose false-positive rate on ``scores`` (benign) is ≤ fpr."""
-    if len(scores) == 0:
-        return 1.0
-    s = np.sort(scores)[::-1]
-    k = int(np.floor(fpr * len(s)))  # at most k benign scores may exceed the threshold
-    return float(np.nextafter(s[k], np.inf)) if k < len(s) else float(s[-1])
 
 
 @dataclass

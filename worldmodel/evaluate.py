@@ -19,23 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import roc_auc_score, roc_curve
 
+from dashboards.recall import auroc, recall_at_fpr
 from worldmodel.data import read_manifest, read_transitions
 from worldmodel.features import step_input
 from worldmodel.score import WorldModelScorer
-from worldmodel.train import collapse_diagnostics
-
-
-def recall_at_fpr(y: np.ndarray, s: np.ndarray, fpr: float = 0.01) -> float | None:
-    if not 0 < y.sum() < len(y):
-        return None
-    f, t, _ = roc_curve(y, s)
-    return float(np.interp(fpr, f, t))
-
-
-def _auroc(y: np.ndarray, s: np.ndarray) -> float | None:
-    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else None
 
 
 def split_metrics(
@@ -54,7 +42,7 @@ def split_metrics(
         "injected_observations": int(injected_next.sum()),
     }
     for name, s, thr in (("pre", pre, thr_pre), ("post", post, thr_post)):
-        out[f"harm_auroc_{name}"] = _auroc(y, s)
+        out[f"harm_auroc_{name}"] = auroc(y, s)
         out[f"harm_recall_at_val_threshold_{name}"] = (
             float((s[y == 1] >= thr).mean()) if y.sum() else None
         )
@@ -62,7 +50,7 @@ def split_metrics(
             float((s[benign] >= thr).mean()) if benign.any() else None
         )
         out[f"harm_recall_at_1pct_fpr_oracle_{name}"] = recall_at_fpr(y, s)
-    out["surprise_auroc_injected"] = _auroc(injected_next, surprise)
+    out["surprise_auroc_injected"] = auroc(injected_next, surprise)
     return out
 
 
@@ -73,7 +61,7 @@ def relational_metrics(
     rh = np.array([s.relational_harm for s in scores], dtype=float)
     inj = np.array([s.injection if s.injection is not None else 0.0 for s in scores])
     return {
-        "relational_harm_auroc": _auroc(y, rh),
+        "relational_harm_auroc": auroc(y, rh),
         "relational_harm_recall_at_val_threshold": float((rh[y == 1] >= threshold).mean())
         if y.sum()
         else None,
@@ -81,7 +69,7 @@ def relational_metrics(
         if (y == 0).any()
         else None,
         "relational_harm_recall_at_1pct_fpr_oracle": recall_at_fpr(y, rh),
-        "injection_auroc": _auroc(injected_next, inj),
+        "injection_auroc": auroc(injected_next, inj),
     }
 
 
@@ -129,7 +117,7 @@ def evaluate(
                 m["by_attack"] = {
                     a: {
                         "steps": int(sel.sum()),
-                        "harm_auroc_pre": _auroc(y[sel], pre[sel]),
+                        "harm_auroc_pre": auroc(y[sel], pre[sel]),
                         "harm_recall_at_val_threshold_pre": float(
                             (pre[sel & (y == 1)] >= cal.harm_threshold_pre).mean()
                         )
@@ -151,4 +139,4 @@ def evaluate(
     }
 
 
-__all__ = ["collapse_diagnostics", "evaluate", "recall_at_fpr", "split_metrics"]
+__all__ = ["evaluate", "relational_metrics", "split_metrics"]

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from worldmodel.calibration import Calibration, fit_calibration
+from dashboards.recall import auroc, threshold_at_fpr
+from worldmodel.calibration import Calibration, fit_calibration, fit_platt
 from worldmodel.data import Transition, read_manifest, read_transitions
 from worldmodel.encoders import TextEncoder
 from worldmodel.features import Tables, make_batch, step_input, tabulate
@@ -150,12 +151,6 @@ def collapse_diagnostics(z: np.ndarray) -> dict[str, float]:
     }
 
 
-def _auroc(y: np.ndarray, s: np.ndarray) -> float | None:
-    from sklearn.metrics import roc_auc_score
-
-    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else None
-
-
 def train_step(
     model: JEPA, opt: torch.optim.Optimizer, batch: Any, momentum: float
 ) -> dict[str, float]:
@@ -264,8 +259,8 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
         if len(val_rows):
             v = predict(model, prep.tables, val_rows, cfg.model)
             y = prep.labels[val_rows]
-            row["val_harm_auroc_pre"] = _auroc(y, v["harm_pre"]) or float("nan")
-            row["val_harm_auroc_post"] = _auroc(y, v["harm_post"]) or float("nan")
+            row["val_harm_auroc_pre"] = auroc(y, v["harm_pre"]) or float("nan")
+            row["val_harm_auroc_post"] = auroc(y, v["harm_post"]) or float("nan")
             row.update(collapse_diagnostics(v["z"]))
         history.append(row)
         log(
@@ -315,9 +310,9 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
             "val_rows": int(len(val_rows)),
             "relational_val": relational.pop("val"),
             "val": {
-                "harm_auroc_pre": _auroc(prep.labels[cal_rows], v["harm_pre"]),
-                "harm_auroc_post": _auroc(prep.labels[cal_rows], v["harm_post"]),
-                "surprise_auroc_injected": _auroc(prep.injected_next[cal_rows], v["error"]),
+                "harm_auroc_pre": auroc(prep.labels[cal_rows], v["harm_pre"]),
+                "harm_auroc_post": auroc(prep.labels[cal_rows], v["harm_post"]),
+                "surprise_auroc_injected": auroc(prep.injected_next[cal_rows], v["error"]),
                 **collapse_diagnostics(v["z"]),
             },
         },
@@ -331,8 +326,6 @@ def fit_relational(
     prep: Prepared, train_rows: np.ndarray, cal_rows: np.ndarray, seed: int
 ) -> dict[str, Any]:
     """Fit the injection detector and the relational harm model on train; calibrate on val."""
-    from worldmodel.calibration import fit_platt, threshold_at_fpr
-
     t = prep.tables
     detector = InjectionDetector(seed=seed).fit(
         t.text, [t.obs_chunks[i] for i in train_rows], prep.injected[train_rows]
@@ -349,8 +342,8 @@ def fit_relational(
         "harm_threshold": threshold_at_fpr(p[y == 0], 0.01),
         "injection_platt": list(platt),
         "val": {
-            "relational_harm_auroc": _auroc(y, p),
-            "injection_auroc_next": _auroc(prep.injected_next[cal_rows], inj_next),
+            "relational_harm_auroc": auroc(y, p),
+            "injection_auroc_next": auroc(prep.injected_next[cal_rows], inj_next),
         },
     }
 

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Path, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from monitor.service import auth, paging
 from monitor.service.deps import NowDep, SchedulerDep, SessionDep, SettingsDep
 from monitor.service.models import SEVERITIES, Page
+from monitor.service.scheduler import Scheduler
 from monitor.service.schemas import MAX_ID, VerdictCreate
 from monitor.service.web import recall
 from monitor.service.web.views import age, case_view
@@ -157,20 +160,31 @@ def case(
     })
 
 
-@router.post("/cases/{page_id}/acknowledge")
-def acknowledge(
-    request: Request, page_id: CaseId, session: SessionDep, user: FormReviewerDep,
-    settings: SettingsDep, now: NowDep, scheduler: SchedulerDep,
-) -> RedirectResponse:
+def _act(
+    request: Request, session: Session, scheduler: Scheduler | None,
+    act: Callable[[], object], done: str,
+) -> None:
+    """Run one paging action for the form user, flash what happened, wake the timers."""
     try:
-        paging.acknowledge(session, page_id, user.name, now=now, base_url=settings.public_url)
+        act()
         session.commit()
-        flash(request, f"Case {page_id} acknowledged: escalation stopped.")
+        flash(request, done)
     except paging.PagingError as e:
         session.rollback()
         flash(request, str(e))
     if scheduler is not None:
         scheduler.wake()
+
+
+@router.post("/cases/{page_id}/acknowledge")
+def acknowledge(
+    request: Request, page_id: CaseId, session: SessionDep, user: FormReviewerDep,
+    settings: SettingsDep, now: NowDep, scheduler: SchedulerDep,
+) -> RedirectResponse:
+    _act(request, session, scheduler,
+         lambda: paging.acknowledge(session, page_id, user.name, now=now,
+                                    base_url=settings.public_url),
+         f"Case {page_id} acknowledged: escalation stopped.")
     return RedirectResponse(f"/cases/{page_id}", status.HTTP_303_SEE_OTHER)
 
 
@@ -179,15 +193,10 @@ def resolve(
     request: Request, page_id: CaseId, session: SessionDep, user: FormReviewerDep,
     settings: SettingsDep, now: NowDep, scheduler: SchedulerDep,
 ) -> RedirectResponse:
-    try:
-        paging.resolve(session, page_id, user.name, now=now, base_url=settings.public_url)
-        session.commit()
-        flash(request, f"Case {page_id} resolved without a label.")
-    except paging.PagingError as e:
-        session.rollback()
-        flash(request, str(e))
-    if scheduler is not None:
-        scheduler.wake()
+    _act(request, session, scheduler,
+         lambda: paging.resolve(session, page_id, user.name, now=now,
+                                base_url=settings.public_url),
+         f"Case {page_id} resolved without a label.")
     return RedirectResponse("/", status.HTTP_303_SEE_OTHER)
 
 

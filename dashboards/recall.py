@@ -1,0 +1,44 @@
+"""Recall at a false-positive budget: the few numbers every tier is judged by.
+
+One implementation for model evaluation (world model, probes), calibration and
+the dashboards, so a "recall at 1 % FPR" means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _both_classes(y: np.ndarray) -> bool:
+    return bool(0 < np.asarray(y).sum() < len(y))
+
+
+def auroc(y: np.ndarray, scores: np.ndarray) -> float | None:
+    """Area under the ROC curve; None when ``y`` holds only one class."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(y, scores)) if _both_classes(y) else None
+
+
+def recall_at_fpr(y: np.ndarray, scores: np.ndarray, fpr: float = 0.01) -> float | None:
+    """Recall at exactly ``fpr``, interpolated on the ROC curve of (y, scores).
+
+    This peeks at the benign scores of the data it is measured on (an oracle
+    threshold); a deployed tier's recall is measured at a threshold chosen
+    elsewhere (``threshold_at_fpr`` on validation data).
+    """
+    from sklearn.metrics import roc_curve
+
+    if not _both_classes(y):
+        return None
+    f, t, _ = roc_curve(y, scores)
+    return float(np.interp(fpr, f, t))
+
+
+def threshold_at_fpr(benign_scores: np.ndarray, fpr: float) -> float:
+    """The smallest threshold whose false-positive rate on ``benign_scores`` is ≤ fpr."""
+    s = np.sort(np.asarray(benign_scores, dtype=np.float64))[::-1]
+    if len(s) == 0:
+        return 1.0
+    k = int(np.floor(fpr * len(s)))  # at most k benign scores may reach the threshold
+    return float(np.nextafter(s[k], np.inf)) if k < len(s) else float(s[-1])
