@@ -254,6 +254,9 @@ class Escalation(_StepTierRecord):
 
     tier: int = Field(ge=1, le=3, description="the tier the step is escalated to")
     reason: str = ""
+    trajectory: Trajectory | None = Field(
+        default=None, description="the trajectory up to and including the step, for the next tier"
+    )
 
 
 class RolloutVerdict(Record):

@@ -70,3 +70,41 @@ def tiny_worldmodel_bundle(small_agentdojo: Path, tmp_path_factory: pytest.TempP
                       text_cache=str(tmp_path_factory.mktemp("textcache")), model=small),
           log=lambda _: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_probe_bundle(small_agentdojo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A probe bundle on the real Gemma-3-270M, layer 3 only, 160 training steps (~1 min)."""
+    from probes.models import load_probe_model
+    from probes.pipeline import train_probe
+
+    out = tmp_path_factory.mktemp("probes") / "probe"
+    train_probe(load_probe_model(), small_agentdojo, out, layers=[3], train_limit=160,
+                n_splits=3, cache_dir=tmp_path_factory.mktemp("probe-cache"), log=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(
+    small_agentdojo: Path,
+    tiny_worldmodel_bundle: Path,
+    tiny_probe_bundle: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """A calibrated tier policy over the tiny bundles, without the L2 reviewer (the gate
+    into L3 then stacks L0 and L1 signals only). Budgets are wide so a small stream
+    reaches every tier."""
+    from monitor.defaults import DefaultSizes, calibrate_default
+    from monitor.tiers import policy_config_from_dict
+
+    config = policy_config_from_dict(
+        {"tiers": {"L0": {"budget": 0.5}, "L1": {"budget": 0.2}, "L2": {"budget": 0.1,
+                                                                        "signals": []}}}
+    )
+    out = tmp_path_factory.mktemp("policy") / "policy.json"
+    calibrate_default(
+        config, [str(small_agentdojo)], out,
+        models={"worldmodel": str(tiny_worldmodel_bundle), "probes": str(tiny_probe_bundle)},
+        sizes=DefaultSizes(1, (3,), 160, 300, 20), reviewer=False, log=lambda _: None,
+    )
+    return out

@@ -1,0 +1,149 @@
+"""The embedded defaults: datasets, model bundles and the calibrated policy, made on first use.
+
+Everything lives under ``$VIGIL_HOME`` (default ``~/.cache/vigil``)::
+
+    data/agentdojo/         AgentDojo transitions (``monitor worldmodel build-data agentdojo``)
+    models/worldmodel/      the L0 world-model bundle
+    models/probes/          the L1 probe bundle
+    models/policy.json      the calibrated tier policy that joins them
+
+:func:`prepare_defaults` builds whatever is missing, in that order, printing
+what it does; what exists is loaded, never rebuilt. ``small=True`` trains
+smaller models on fewer steps (``make demo``; minutes instead of ten).
+Only the ``train`` and ``val`` splits are fitted on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from monitor.tiers import PolicyConfig, default_policy_config
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class DefaultSizes:
+    wm_epochs: int
+    probe_layers: tuple[int, ...]
+    probe_train_limit: int
+    calibrate_train_limit: int
+    review_limit: int  # at most this many training steps are reviewed to fit the L2 gate
+
+
+FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 120)
+SMALL = DefaultSizes(3, (6,), 300, 400, 40)
+
+
+def default_paths(home: Path | None = None) -> dict[str, Path]:
+    from streams.config import vigil_home
+
+    home = home or vigil_home()
+    return {
+        "agentdojo": home / "data" / "agentdojo",
+        "miniwob": home / "data" / "miniwob",
+        "worldmodel": home / "models" / "worldmodel",
+        "probes": home / "models" / "probes",
+        "policy": home / "models" / "policy.json",
+        "text_cache": home / "cache" / "text",
+        "probe_cache": home / "cache" / "probes",
+    }
+
+
+def prepare_defaults(
+    *,
+    small: bool = False,
+    config: PolicyConfig | None = None,
+    log: Log = _stderr,
+) -> Path:
+    """Build what is missing of the default data, models and policy; return the policy path."""
+    paths = default_paths()
+    sizes = SMALL if small else FULL
+    t0 = time.perf_counter()
+    if paths["policy"].exists():
+        return paths["policy"]
+    log(
+        "vigil: preparing the default models under "
+        f"{paths['policy'].parent.parent} (once; {'a few' if small else 'about ten'} minutes)"
+    )
+    if not (paths["agentdojo"] / "manifest.json").exists():
+        from worldmodel.agentdojo_data import build_agentdojo
+
+        log(f"vigil: building AgentDojo transitions -> {paths['agentdojo']} (~2 min)")
+        build_agentdojo(paths["agentdojo"])
+    datasets = [str(paths["agentdojo"])]
+    if (paths["miniwob"] / "manifest.json").exists():
+        datasets.append(str(paths["miniwob"]))
+    if not (paths["worldmodel"] / "model.pt").exists():
+        from worldmodel.train import TrainConfig, train
+
+        log(f"vigil: training the world model on {', '.join(datasets)} -> {paths['worldmodel']}")
+        train(
+            TrainConfig(
+                data=datasets,
+                out=str(paths["worldmodel"]),
+                epochs=sizes.wm_epochs,
+                text_cache=str(paths["text_cache"]),
+            ),
+            log=log,
+        )
+    if not (paths["probes"] / "bundle.json").exists():
+        from probes.models import load_probe_model
+        from probes.pipeline import train_probe
+
+        log(f"vigil: training the activation probe -> {paths['probes']}")
+        train_probe(
+            load_probe_model(log=log),
+            paths["agentdojo"],
+            paths["probes"],
+            layers=list(sizes.probe_layers),
+            cache_dir=paths["probe_cache"],
+            train_limit=sizes.probe_train_limit,
+            log=log,
+        )
+    calibrate_default(
+        config or default_policy_config(),
+        [str(paths["agentdojo"])],
+        paths["policy"],
+        models={"worldmodel": str(paths["worldmodel"]), "probes": str(paths["probes"])},
+        sizes=sizes,
+        log=log,
+    )
+    log(f"vigil: defaults ready in {time.perf_counter() - t0:.0f} s ({paths['policy']})")
+    return paths["policy"]
+
+
+def calibrate_default(
+    config: PolicyConfig,
+    datasets: list[str],
+    out: Path,
+    *,
+    models: dict[str, str],
+    sizes: DefaultSizes = FULL,
+    reviewer: bool = True,
+    log: Log = _stderr,
+) -> Path:
+    """Calibrate ``config`` with the given model bundles on ``datasets`` and save it to ``out``."""
+    from monitor.pipeline import build_parts, calibrate, load_split
+
+    parts = build_parts(config, models=models, reviewer=reviewer, log=log)
+    train = load_split(datasets, "train", limit=sizes.calibrate_train_limit)
+    val = load_split(datasets, "val")
+    policy = calibrate(
+        config,
+        parts,
+        train,
+        val,
+        data={"datasets": datasets, "models": models},
+        review_limit=sizes.review_limit,
+        log=log,
+    )
+    return policy.save(out)
