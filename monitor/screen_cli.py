@@ -1,0 +1,202 @@
+"""`monitor screen` (batch screening, DESIGN §2.1) and `monitor calibrate` (the tier policy)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from monitor.pipeline import Screener, StepVerdict
+    from streams.records import Trajectory
+
+
+def _absolute_screens(traj: Trajectory, base: Path) -> Trajectory:
+    """Screenshot paths are relative to the input file; make them absolute."""
+
+    def fix(obs: Any) -> Any:
+        shot = obs.screenshot if obs is not None else None
+        if not shot or shot.startswith("data:") or Path(shot).is_absolute():
+            return obs
+        return obs.model_copy(update={"screenshot": str(base / shot)})
+
+    if not any(
+        s.observation.screenshot or (s.result and s.result.screenshot) for s in traj.steps
+    ):
+        return traj
+    steps = [
+        s.model_copy(update={"observation": fix(s.observation), "result": fix(s.result)})
+        for s in traj.steps
+    ]
+    return traj.model_copy(update={"steps": steps})
+
+
+def trajectory_line(traj: Trajectory, verdicts: list[StepVerdict]) -> dict[str, Any]:
+    """One output line of ``monitor screen`` (DESIGN §2.1)."""
+    return {
+        "trajectory_id": traj.trajectory_id,
+        "score": round(max((v.score for v in verdicts), default=0.0), 6),
+        "flagged": any(v.flagged for v in verdicts),
+        "tier": max((v.tier for v in verdicts), default=0),
+        "steps": [v.to_json() for v in verdicts],
+    }
+
+
+def screen_file(
+    screener: Screener,
+    path: Path,
+    *,
+    batch_steps: int = 256,
+    through: int = 2,
+    progress: bool = True,
+) -> Iterator[dict[str, Any]]:
+    """Screen every trajectory of ``path``, yielding output lines in input order.
+
+    Steps of several trajectories are scored together (``batch_steps`` at a time).
+    """
+    from monitor.progress import Progress
+    from monitor.screening import screen_steps_of
+    from streams.records import Trajectory, read_jsonl
+
+    trajs = [_absolute_screens(t, path.parent) for t in read_jsonl(path, Trajectory)]
+    total = sum(len(t.steps) for t in trajs)
+    pending: list[Trajectory] = []
+    n_pending = 0
+    with Progress(f"screening {path}", total=total, stream=sys.stderr) as bar:
+
+        def run(batch: list[Trajectory]) -> Iterator[dict[str, Any]]:
+            steps = [s for t in batch for s in screen_steps_of(t)]
+            verdicts = screener.screen(steps, through=through) if steps else []
+            i = 0
+            for t in batch:
+                yield trajectory_line(t, verdicts[i : i + len(t.steps)])
+                i += len(t.steps)
+            if progress:
+                bar.advance(len(steps))
+
+        for t in trajs:
+            pending.append(t)
+            n_pending += len(t.steps)
+            if n_pending >= batch_steps:
+                yield from run(pending)
+                pending, n_pending = [], 0
+        if pending:
+            yield from run(pending)
+
+
+def cmd_screen(args: argparse.Namespace) -> int:
+    from monitor.pipeline import load_screener
+    from streams.records import Trajectory, read_jsonl
+
+    src = Path(args.file)
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: no such file")
+    for _ in read_jsonl(src, Trajectory):  # a bad file fails before any model loads
+        pass
+    screener = load_screener(args.policy, reviewer=not args.no_review)
+    through = 1 if args.no_review else 2
+    out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
+    t0 = time.perf_counter()
+    n = flagged = steps = 0
+    tiers = [0, 0, 0, 0]
+    try:
+        for line in screen_file(screener, src, batch_steps=args.batch_steps, through=through):
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+            n += 1
+            flagged += line["flagged"]
+            for s in line["steps"]:
+                steps += 1
+                tiers[s["tier"]] += 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    dt = time.perf_counter() - t0
+    print(
+        f"screened {n} trajectories ({steps} steps) in {dt:.1f} s; {flagged} flagged; steps by "
+        f"highest tier L0 {tiers[0]}, L1 {tiers[1]}, L2 {tiers[2]}, L3 {tiers[3]}"
+        + (f"; wrote {args.out}" if args.out else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from monitor.defaults import FULL, SMALL, calibrate_default, default_paths, prepare_defaults
+    from monitor.tiers import load_policy_config
+
+    config = load_policy_config(args.config)
+    paths = default_paths()
+    if args.defaults:
+        prepare_defaults(small=args.small, config=config)
+        return 0
+    models = {
+        "worldmodel": str(args.worldmodel or config.model("worldmodel") or paths["worldmodel"]),
+        "probes": str(args.probes or config.model("probes") or paths["probes"]),
+    }
+    data = args.data or [str(paths["agentdojo"])]
+    out = Path(args.out) if args.out else paths["policy"]
+    calibrate_default(
+        config,
+        data,
+        out,
+        models=models,
+        sizes=SMALL if args.small else FULL,
+        reviewer=not args.no_review,
+    )
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "screen",
+        help="screen a JSON Lines file of trajectories offline (all tiers but the human)",
+        description=(
+            "Screen every step of every trajectory with the calibrated tiers: L0 on every "
+            "step, L1 on what L0 escalates, the L2 reviewer on what L1 escalates. Writes one "
+            'line per trajectory: {"trajectory_id", "score", "flagged", "tier", "steps": '
+            '[{"step_id", "score", "flagged", "tier", "signals"}]}; tier 3 means a human '
+            "would have been paged. Without --policy the default policy is used, and built "
+            "(with progress, once) if it does not exist yet."
+        ),
+        epilog="examples:\n  monitor screen runs.jsonl --out screened.jsonl\n"
+        "  monitor screen runs.jsonl --policy my-policy.json --no-review",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("file", help="trajectories, one a line (DESIGN §2.1)")
+    p.add_argument("--out", help="output JSON Lines (default: standard output)")
+    p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
+    p.add_argument("--no-review", action="store_true", help="stop after L1 (no L2 reviewer)")
+    p.add_argument("--batch-steps", type=int, default=256, help="steps scored together")
+    p.set_defaults(fn=cmd_screen)
+
+    c = sub.add_parser(
+        "calibrate",
+        help="fit the tier policy's gates and budgets",
+        description=(
+            "Fit each escalation gate by non-negative logistic stacking of the signals known "
+            "at it (train split) and set its threshold so the gate passes its budget of "
+            "benign validation steps. Held-out test splits are never read."
+        ),
+        epilog="examples:\n  monitor calibrate --defaults          # build all default models\n"
+        "  monitor calibrate --config policy.yaml --out policy.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument("--config", help="policy YAML (default: the built-in defaults)")
+    c.add_argument("--out", help="where to write (default: $VIGIL_HOME/models/policy.json)")
+    c.add_argument("--data", nargs="+", help="datasets (default: $VIGIL_HOME/data/agentdojo)")
+    c.add_argument("--worldmodel", help="world-model bundle")
+    c.add_argument("--probes", help="probe bundle")
+    c.add_argument("--no-review", action="store_true", help="fit without the L2 reviewer")
+    c.add_argument("--small", action="store_true", help="small models and samples (demo)")
+    c.add_argument(
+        "--defaults",
+        action="store_true",
+        help="build whatever default data and models are missing, then calibrate",
+    )
+    c.set_defaults(fn=cmd_calibrate)

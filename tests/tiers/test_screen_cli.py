@@ -1,0 +1,60 @@
+"""`monitor screen`: the documented output (DESIGN §2.1) on a small real file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from monitor.cli import main
+
+
+def _sample(small_agentdojo: Path, out: Path, n: int = 6) -> list[dict]:
+    rows = [json.loads(line) for line in (small_agentdojo / "trajectories.jsonl").open()]
+    benign = [r for r in rows if r["meta"]["split"] == "val" and r["label"] == 0][: n // 2]
+    harmful = [r for r in rows if r["meta"]["split"] == "test_slack" and r["label"] == 1][: n // 2]
+    picked = benign + harmful
+    out.write_text("".join(json.dumps(r) + "\n" for r in picked))
+    return picked
+
+
+def test_screen_writes_one_documented_line_per_trajectory(
+    small_agentdojo: Path, tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    picked = _sample(small_agentdojo, src)
+    assert main(["screen", str(src), "--out", str(dst), "--policy", str(tiny_policy)]) == 0
+    lines = [json.loads(x) for x in dst.read_text().splitlines()]
+    assert [x["trajectory_id"] for x in lines] == [p["trajectory_id"] for p in picked]
+    for line, traj in zip(lines, picked, strict=True):
+        assert set(line) == {"trajectory_id", "score", "flagged", "tier", "steps"}
+        assert [s["step_id"] for s in line["steps"]] == [s["step_id"] for s in traj["steps"]]
+        for s in line["steps"]:
+            assert set(s) == {"step_id", "score", "flagged", "tier", "signals"}
+            assert 0.0 <= s["score"] <= 1.0 and s["tier"] in (0, 1, 2, 3)
+            assert s["flagged"] == (s["tier"] >= 3)  # the policy flags at the paging tier
+            assert "wm_harm_post" in s["signals"]  # the results are known offline
+        assert line["tier"] == max(s["tier"] for s in line["steps"])
+        assert line["flagged"] == any(s["flagged"] for s in line["steps"])
+    assert f"screened {len(picked)} trajectories" in capsys.readouterr().err
+
+
+def test_screen_names_the_bad_line_before_loading_any_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "bad.jsonl"
+    src.write_text('{"trajectory_id": "t", "steps": [{"step_id": "0", "index": 0}]}\n')
+    assert main(["screen", str(src), "--policy", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "steps.0.action" in err
+
+
+def test_screen_without_a_policy_file_says_how_to_make_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "ok.jsonl"
+    src.write_text('{"trajectory_id": "t", "steps": [{"step_id": "0", "index": 0, '
+                   '"action": {"text": "ls"}}]}\n')
+    assert main(["screen", str(src), "--policy", str(tmp_path / "none.json")]) == 2
+    assert "monitor calibrate" in capsys.readouterr().err
