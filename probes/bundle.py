@@ -9,6 +9,12 @@ A bundle is a folder::
 
 The score of a step is the probe's probability of harm; ``threshold`` (set on
 benign validation steps at ``target_fpr``) turns it into a flag.
+
+``source`` says where a bundle's activations come from: ``"model"`` (a local
+HF causal LM, ``model_path``), ``"endpoint"`` (an OpenAI-compatible
+``/embeddings`` endpoint, ``model_path`` is its base URL, ``model_id`` the
+served model name) or ``"records"`` (activations attached to the records
+themselves, ``meta.activations``; there is no probe model to fall back on).
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from probes.capture import ExtractStats, ProbeStep, Template, extract
-from probes.models import ProbeModel, load_probe_model
+from probes.capture import ActivationSource, ExtractStats, ProbeStep, Template, extract
+from probes.models import load_probe_model
 
 BUNDLE_VERSION = 1
 
@@ -43,6 +49,8 @@ class BundleInfo:
     sweep: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     version: int = BUNDLE_VERSION
+    source: str = "model"  # "model" | "endpoint" | "records"
+    dtype: str = "float32"  # what the probe model ran in when the bundle was trained
 
 
 def save_bundle(out: str | Path, info: BundleInfo, probe: Any, baseline: Any | None = None) -> Path:
@@ -76,7 +84,11 @@ class ProbeScorer:
 
     A step carrying activations from the bundle's own model (same model id and
     pooling, with the bundle's layer) is scored from them directly; the others
-    go through the probe model (loaded on first need), with the activation cache.
+    go through the bundle's activation source (loaded on first need), with the
+    activation cache: the local probe model (``model``/``model_path``), or the
+    embeddings endpoint (``endpoint``, else ``$VIGIL_PROBES_ENDPOINT``, else the
+    URL the bundle was trained against). A ``"records"`` bundle has no source:
+    a step without the right activations is an error.
     """
 
     def __init__(
@@ -85,8 +97,10 @@ class ProbeScorer:
         probe: Any,
         baseline: Any | None = None,
         *,
-        model: ProbeModel | None = None,
+        model: ActivationSource | None = None,
         model_path: str | Path | None = None,
+        endpoint: str | None = None,
+        api_key_env: str | None = None,
         cache_dir: str | Path | None = None,
         batch_size: int = 16,
     ) -> None:
@@ -95,6 +109,8 @@ class ProbeScorer:
         self.baseline = baseline
         self.model = model
         self.model_path = model_path
+        self.endpoint = endpoint
+        self.api_key_env = api_key_env
         self.cache_dir = cache_dir
         self.batch_size = batch_size
         self.template = Template(**info.template)
@@ -109,16 +125,34 @@ class ProbeScorer:
     def threshold(self) -> float:
         return self.info.threshold
 
-    def _probe_model(self) -> ProbeModel:
+    def _probe_model(self, first_missing: ProbeStep) -> ActivationSource:
+        info = self.info
         if self.model is None:
-            path = self.model_path or (self.info.model_path or None)
-            if path and not Path(path).exists():
-                path = None  # the bundle came from another machine: use the default model
-            self.model = load_probe_model(path)
-        if self.model.model_hash != self.info.model_hash:
+            if info.source == "records":
+                raise ValueError(
+                    f"step {first_missing.step_id or '?'} carries no activations of "
+                    f"{info.model_id} (layer {info.layer}, pooling {info.pooling}), and this "
+                    "bundle was trained on record-attached activations, so it has no probe "
+                    "model to compute them"
+                )
+            if info.source == "endpoint":
+                from probes.remote import API_KEY_ENV, connect_endpoint
+
+                self.model = connect_endpoint(
+                    self.endpoint,
+                    info.model_id,
+                    default_url=info.model_path,
+                    api_key_env=self.api_key_env or API_KEY_ENV,
+                )
+            else:
+                path = self.model_path or (info.model_path or None)
+                if path and not Path(path).exists():
+                    path = None  # the bundle came from another machine: use the default model
+                self.model = load_probe_model(path, dtype=info.dtype)
+        if self.model.model_hash != info.model_hash:
             raise ValueError(
                 f"probe model {self.model.model_id} ({self.model.model_hash}) is not the "
-                f"bundle's {self.info.model_id} ({self.info.model_hash})"
+                f"bundle's {info.model_id} ({info.model_hash})"
             )
         return self.model
 
@@ -140,7 +174,7 @@ class ProbeScorer:
         todo = [i for i, r in enumerate(rows) if r is None]
         if todo:
             got = extract(
-                self._probe_model(),
+                self._probe_model(steps[todo[0]]),
                 [steps[i] for i in todo],
                 [self.info.layer],
                 template=self.template,
@@ -151,6 +185,13 @@ class ProbeScorer:
             )[(self.info.layer, self.info.pooling)]
             for j, i in enumerate(todo):
                 rows[i] = got[j]
+        width = self.probe.n_features_in_
+        for s, r in zip(steps, rows, strict=True):
+            if r is not None and r.shape != (width,):
+                raise ValueError(
+                    f"step {s.step_id or '?'}: activations have shape {r.shape}, the bundle's "
+                    f"probe reads {width} features"
+                )
         return np.stack([r for r in rows if r is not None]) if rows else np.empty((0, 0))
 
     def score_features(self, X: np.ndarray, *, baseline: bool = False) -> np.ndarray:

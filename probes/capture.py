@@ -17,13 +17,18 @@ context before it is cut from the left so that the whole rendering is at most
 pooled: ``last`` takes the hidden state of the action's final token (which has
 attended to the whole context), ``mean`` averages over the action's tokens.
 
+An embeddings endpoint (:mod:`probes.remote`) reads :meth:`Template.render_text`
+(the same text, cut in characters) and gives one vector a step: pseudo-layer
+``0``, pooling ``"embedding"``.
+
 A layer ``L`` means the output of decoder block ``L`` (1-based, so layer
 ``num_layers`` is the last block, before the final norm), read by a forward
 hook. The forward pass stops (by an exception from the deepest hook) once the
 deepest requested layer is done, and the LM head is never run.
 
-Activations are cached on disk under ``cache_dir/<model_hash>-<template_hash>/``
-as shards, each a ``keys.txt`` (one step hash a line) and one ``L<layer>-<pooling>.npy``
+Activations are cached on disk under ``cache_dir/<cache key>-<template_hash>/``
+(the cache key is the model hash, with the dtype appended where it is not
+float32) as shards, each a ``keys.txt`` (one step hash a line) and one ``L<layer>-<pooling>.npy``
 matrix per captured layer and pooling, so a sweep or an eval never recomputes
 a (model, template, step, layer, pooling) it has seen.
 """
@@ -39,7 +44,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,6 +52,7 @@ from probes.models import ProbeModel
 
 POOLINGS = ("last", "mean")
 TEMPLATE_VERSION = 1
+CHARS_PER_TOKEN = 4  # how an endpoint's rendering is cut (its tokenizer is not at hand)
 
 
 @dataclass(frozen=True)
@@ -124,8 +130,25 @@ class Template:
         """The text the model reads (before token truncation)."""
         return f"{self.context(step)} {step.action}"
 
+    def render_text(self, step: ProbeStep) -> str:
+        """The rendering for a model whose tokenizer is not at hand (an embeddings endpoint).
+
+        The same text as :meth:`render`, cut in characters at ``CHARS_PER_TOKEN``
+        a token: the action to ``action_tokens``, the context from the left so
+        that the whole is at most ``max_tokens`` tokens' worth, the action last.
+        """
+        act = step.action[: CHARS_PER_TOKEN * self.action_tokens]
+        room = max(0, CHARS_PER_TOKEN * self.max_tokens - len(act) - 1)
+        ctx = self.context(step)[-room:] if room else ""
+        return f"{ctx} {act}"
+
     def step_hash(self, step: ProbeStep) -> str:
         return hashlib.sha256(self.render(step).encode()).hexdigest()[:24]
+
+
+def identity_hash(model_id: str, dims: int) -> str:
+    """The hash of a model known only by name and width (an endpoint's, or a record's policy)."""
+    return hashlib.sha256(f"{model_id}:{dims}".encode()).hexdigest()[:16]
 
 
 def encode_step(tokenizer: Any, template: Template, step: ProbeStep) -> tuple[list[int], int]:
@@ -167,9 +190,19 @@ def capture_batch(
     layers: Sequence[int],
 ) -> dict[tuple[int, str], np.ndarray]:
     """Run one batch; ``{(layer, pooling): (len(steps), hidden) float32}``."""
+    return pool_hidden(pm, [encode_step(pm.tokenizer, template, s) for s in steps], layers)
+
+
+def pool_hidden(
+    pm: ProbeModel, enc: Sequence[tuple[list[int], int]], layers: Sequence[int]
+) -> dict[tuple[int, str], np.ndarray]:
+    """Forward token sequences; pool each over its last ``n`` tokens (``(ids, n)`` pairs).
+
+    ``{(layer, "last"|"mean"): (len(enc), hidden) float32}``; the pass stops
+    after the deepest requested layer.
+    """
     import torch
 
-    enc = [encode_step(pm.tokenizer, template, s) for s in steps]
     n, width = len(enc), max(len(ids) for ids, _ in enc)
     pad = pm.tokenizer.pad_token_id or 0
     ids = torch.full((n, width), pad, dtype=torch.long)
@@ -209,6 +242,35 @@ def capture_batch(
         for h in handles:
             h.remove()
     return out
+
+
+class ActivationSource(Protocol):
+    """What :func:`extract` reads activations from: a local model or an embeddings endpoint."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def model_hash(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def cache_key(self) -> str: ...
+
+    @property
+    def poolings(self) -> tuple[str, ...]: ...
+
+    @property
+    def available_layers(self) -> list[int]: ...
+
+    @property
+    def source(self) -> str: ...  # "model" | "endpoint" (what a bundle records)
+
+    def capture_batch(
+        self, template: Template, steps: Sequence[ProbeStep], layers: Sequence[int]
+    ) -> dict[tuple[int, str], np.ndarray]: ...
 
 
 @dataclass
@@ -294,7 +356,7 @@ class ExtractStats:
 
 
 def extract(
-    pm: ProbeModel,
+    pm: ActivationSource,
     steps: Sequence[ProbeStep],
     layers: Sequence[int],
     *,
@@ -311,13 +373,18 @@ def extract(
     """
     template = template or Template()
     layers = sorted(set(layers))
+    bad = sorted(set(layers) - set(pm.available_layers))
+    if bad:
+        raise ValueError(
+            f"{pm.model_id} has no layer {bad[0]}; it offers {_span(pm.available_layers)}"
+        )
     keys = [template.step_hash(s) for s in steps]
-    cache = ActivationCache(Path(cache_dir), pm.model_hash, template.hash) if cache_dir else None
+    cache = ActivationCache(Path(cache_dir), pm.cache_key, template.hash) if cache_dir else None
     todo_keys: set[str] = set(keys)
     if cache is not None:
         todo_keys = set()
         for layer in layers:
-            for pooling in POOLINGS:
+            for pooling in pm.poolings:
                 todo_keys.update(cache.missing(keys, layer, pooling))
     first: dict[str, int] = {}
     for i, k in enumerate(keys):
@@ -341,7 +408,7 @@ def extract(
 
     for b in range(0, len(todo), batch_size):
         idx = todo[b : b + batch_size]
-        got = capture_batch(pm, template, [steps[i] for i in idx], layers)
+        got = pm.capture_batch(template, [steps[i] for i in idx], layers)
         for j, i in enumerate(idx):
             computed[keys[i]] = {lp: a[j] for lp, a in got.items()}
         shard_keys.extend(keys[i] for i in idx)
@@ -363,9 +430,16 @@ def extract(
 
     out: dict[tuple[int, str], np.ndarray] = {}
     for layer in layers:
-        for pooling in POOLINGS:
+        for pooling in pm.poolings:
             if cache is not None:
                 out[(layer, pooling)] = cache.read(keys, layer, pooling)
             else:
                 out[(layer, pooling)] = np.stack([computed[k][(layer, pooling)] for k in keys])
     return out
+
+
+def _span(layers: Sequence[int]) -> str:
+    xs = sorted(layers)
+    if len(xs) > 1 and xs == list(range(xs[0], xs[-1] + 1)):
+        return f"layers {xs[0]}..{xs[-1]}"
+    return "layer " + ", ".join(map(str, xs))

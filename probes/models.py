@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +39,36 @@ class ProbeModel:
     model_id: str
     model_hash: str
     path: str
+    dtype: str = "float32"  # what the forward pass runs in ("float32" or "bfloat16")
+
+    @property
+    def poolings(self) -> tuple[str, ...]:
+        return ("last", "mean")
+
+    @property
+    def source(self) -> str:
+        return "model"
 
     @property
     def num_layers(self) -> int:
         return int(self.model.config.num_hidden_layers)
+
+    @property
+    def available_layers(self) -> list[int]:
+        """Layers a probe can read: the output of decoder block 1..num_layers."""
+        return list(range(1, self.num_layers + 1))
+
+    @property
+    def cache_key(self) -> str:
+        """Activation-cache identity: the weights, and the dtype they ran in."""
+        return self.model_hash if self.dtype == "float32" else f"{self.model_hash}-{self.dtype}"
+
+    def capture_batch(
+        self, template: Any, steps: Sequence[Any], layers: Sequence[int]
+    ) -> dict[tuple[int, str], Any]:
+        from probes.capture import capture_batch
+
+        return capture_batch(self, template, steps, layers)
 
     @property
     def hidden_size(self) -> int:
@@ -142,14 +168,47 @@ def _folder_hash(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AMX-BF16 or AVX512-BF16, through oneDNN)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+def resolve_dtype(dtype: str | None) -> str:
+    """``"auto"``/None → ``"bfloat16"`` on a GPU or a CPU with native bf16, else ``"float32"``."""
+    if dtype in (None, "auto"):
+        import torch
+
+        return "bfloat16" if torch.cuda.is_available() or cpu_has_fast_bf16() else "float32"
+    if dtype in ("bf16", "bfloat16"):
+        return "bfloat16"
+    if dtype in ("fp32", "float32"):
+        return "float32"
+    raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
+
+
 def load_probe_model(
     path: str | Path | None = None,
     *,
     threads: int | None = None,
+    dtype: str | None = "auto",
+    compile: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> ProbeModel:
-    """A local HF causal LM directory (default: Gemma-3-270M, converted on first use)."""
+    """A local HF causal LM directory (default: Gemma-3-270M, converted on first use).
+
+    ``dtype="auto"`` runs in bfloat16 where the hardware multiplies it natively
+    (a GPU, or a CPU with AMX/AVX512-BF16: ~6x faster matrix products than
+    float32 there, with activations within a cosine of 0.9999 of float32 ones),
+    else in float32; the dtype is part of the activation-cache key and of the
+    bundle. ``compile=True`` compiles each decoder block with ``torch.compile``
+    (fuses the element-wise work; about a minute once per process).
+    """
     _offline()
+    dt = resolve_dtype(dtype)
     folder = Path(path) if path else convert_default_model(log=log)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder}: not a Hugging Face model folder (no config.json)")
@@ -159,12 +218,19 @@ def load_probe_model(
     if threads:
         torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, local_files_only=True, dtype=getattr(torch, dt)
+    )
     model.eval()
+    if compile:
+        from probes.capture import _decoder_layers
+
+        for block in _decoder_layers(model):
+            block.compile(dynamic=True)
     prov = folder / PROVENANCE
     if prov.exists():
         p = json.loads(prov.read_text())
         model_id, model_hash = str(p["model_id"]), str(p["model_hash"])
     else:
         model_id, model_hash = folder.name, _folder_hash(folder)
-    return ProbeModel(model, tok, model_id, model_hash, str(folder))
+    return ProbeModel(model, tok, model_id, model_hash, str(folder), dt)

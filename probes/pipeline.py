@@ -2,6 +2,12 @@
 
 ``train`` is fitted (and swept, grouped by task), ``val`` sets the threshold;
 the ``test*`` splits are only ever scored by :func:`evaluate_bundle`.
+
+The activations come from a local probe model, an embeddings endpoint
+(:mod:`probes.remote`), or, with ``pm=None``, from the records themselves:
+every train and val step must then carry ``meta.activations`` of one model
+and one pooling (``{"model_id", "pooling", "layers": {"6": [...]}}``), and
+no model runs at all.
 """
 
 from __future__ import annotations
@@ -15,9 +21,15 @@ from typing import Any
 import numpy as np
 
 from probes.bundle import BundleInfo, ProbeScorer, save_bundle
-from probes.capture import ExtractStats, ProbeStep, Template, extract
+from probes.capture import (
+    ActivationSource,
+    ExtractStats,
+    ProbeStep,
+    Template,
+    extract,
+    identity_hash,
+)
 from probes.estimators import DiffMeansProbe, LogisticProbe
-from probes.models import ProbeModel
 from probes.sweep import (
     SweepResult,
     auroc,
@@ -67,8 +79,49 @@ def split_metrics(
     }
 
 
+def attached_features(
+    steps: Sequence[ProbeStep], layers: Sequence[int] | None = None, *, split: str = ""
+) -> tuple[dict[tuple[int, str], np.ndarray], str, str]:
+    """The activations the steps carry: ``({(layer, pooling): X}, model_id, pooling)``.
+
+    Every step must carry them, from one model and one pooling; ``layers``
+    default to those every step has.
+    """
+    where = f" in {split}" if split else ""
+    if not steps:
+        raise ValueError(f"no steps{where} to read attached activations from")
+    bare = [s for s in steps if not s.activations]
+    if bare:
+        raise ValueError(
+            f"{len(bare)} of {len(steps)} steps{where} carry no activations (meta.activations), "
+            f"e.g. {bare[0].step_id or '?'}"
+        )
+    models = sorted({str(s.activations_model) for s in steps})
+    poolings = sorted({s.activations_pooling or "attached" for s in steps})
+    if len(models) > 1 or len(poolings) > 1:
+        raise ValueError(
+            f"the steps{where} carry activations of several models or poolings "
+            f"({models}, {poolings}); a probe reads one"
+        )
+    common = set.intersection(*(set(s.activations or {}) for s in steps))
+    want = sorted(set(layers) if layers else common)
+    if not want or not set(want) <= common:
+        raise ValueError(
+            f"layers {sorted(set(want) - common) or want} are not carried by every step{where} "
+            f"(all of them carry {sorted(common)})"
+        )
+    out: dict[tuple[int, str], np.ndarray] = {}
+    for layer in want:
+        rows = [np.asarray((s.activations or {})[layer], dtype=np.float32) for s in steps]
+        widths = {r.shape for r in rows}
+        if len(widths) > 1 or len(next(iter(widths))) != 1:
+            raise ValueError(f"layer {layer}{where}: the attached vectors differ in shape {widths}")
+        out[(layer, poolings[0])] = np.stack(rows)
+    return out, models[0], poolings[0]
+
+
 def train_probe(
-    pm: ProbeModel,
+    pm: ActivationSource | None,
     data: str | Path,
     out: str | Path,
     *,
@@ -82,35 +135,51 @@ def train_probe(
     log: Callable[[str], None] | None = None,
     stats: ExtractStats | None = None,
 ) -> tuple[BundleInfo, SweepResult]:
-    """Sweep layers on ``train``, fit the chosen probe, calibrate on ``val``, write a bundle."""
+    """Sweep layers on ``train``, fit the chosen probe, calibrate on ``val``, write a bundle.
+
+    ``pm`` is a local probe model or an embeddings endpoint; ``None`` trains
+    from the activations the records carry (see the module docstring).
+    """
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     from worldmodel.data import read_manifest
 
     template = template or Template()
-    layers = list(layers or range(1, pm.num_layers + 1))
     train = load_steps(data, ["train"], limit=train_limit)
     val = load_steps(data, ["val"])
     if not 0 < train.y.sum() < len(train.y):
         raise ValueError(f"{data}: the train split needs both benign and harmful steps")
-    log(f"probes: {len(train.steps)} train and {len(val.steps)} val steps, layers {layers}")
-    ftr = extract(
-        pm,
-        train.steps,
-        layers,
-        template=template,
-        cache_dir=cache_dir,
-        batch_size=batch_size,
-        stats=stats,
-    )
-    fva = extract(
-        pm,
-        val.steps,
-        layers,
-        template=template,
-        cache_dir=cache_dir,
-        batch_size=batch_size,
-        stats=stats,
-    )
+    if pm is None:
+        ftr, model_id, pooling = attached_features(train.steps, layers, split="train")
+        layers = sorted({layer for layer, _ in ftr})
+        fva, val_model, val_pooling = attached_features(val.steps, layers, split="val")
+        if (val_model, val_pooling) != (model_id, pooling):
+            raise ValueError(
+                f"val carries activations of {val_model} ({val_pooling}), train of {model_id} "
+                f"({pooling}); both must come from one model"
+            )
+        dims = next(iter(ftr.values())).shape[1]
+        source, model_hash, model_path, dtype = "records", identity_hash(model_id, dims), "", ""
+        log(
+            f"probes: {len(train.steps)} train and {len(val.steps)} val steps with attached "
+            f"{model_id} activations ({pooling}), layers {layers}"
+        )
+    else:
+        layers = list(layers or pm.available_layers)
+        log(f"probes: {len(train.steps)} train and {len(val.steps)} val steps, layers {layers}")
+        ftr, fva = (
+            extract(
+                pm,
+                part.steps,
+                layers,
+                template=template,
+                cache_dir=cache_dir,
+                batch_size=batch_size,
+                stats=stats,
+            )
+            for part in (train, val)
+        )
+        source, model_id, model_hash, model_path = pm.source, pm.model_id, pm.model_hash, pm.path
+        dtype = str(getattr(pm, "dtype", ""))
     result = sweep_layers(ftr, train.y, train.groups, n_splits=n_splits, fpr=target_fpr, log=log)
     key = (result.layer, result.pooling)
     probe = LogisticProbe(C=result.C).fit(ftr[key], train.y)
@@ -144,9 +213,9 @@ def train_probe(
         pooling=result.pooling,
         template=template.to_dict(),
         template_hash=template.hash,
-        model_id=pm.model_id,
-        model_hash=pm.model_hash,
-        model_path=pm.path,
+        model_id=model_id,
+        model_hash=model_hash,
+        model_path=model_path,
         threshold=threshold,
         target_fpr=target_fpr,
         estimator=repr(probe),
@@ -160,6 +229,8 @@ def train_probe(
             "val_steps": len(val.steps),
             "train_subsampled_to": train_limit,
         },
+        source=source,
+        dtype=dtype,
     )
     save_bundle(out, info, probe, baseline)
     log(

@@ -19,7 +19,10 @@ def plot_sweep(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for pooling, style in (("last", "-"), ("mean", "--")):
+    styles = ("-", "--", ":", "-.")
+    poolings = sorted({r.pooling for r in result.rows})
+    for i, pooling in enumerate(poolings):
+        style = styles[i % len(styles)]
         rows = sorted((r for r in result.rows if r.pooling == pooling), key=lambda r: r.layer)
         if not rows:
             continue

