@@ -296,28 +296,43 @@ class Screener:
         reaches the policy's block threshold; escalate: the step would reach
         L2 (a reviewer); allow: otherwise.
         """
+        return self.check_actions([(trajectory, action)])[0]
+
+    def check_actions(
+        self, proposals: Sequence[tuple[Trajectory, Action]]
+    ) -> list[ActionCheck]:
+        """:meth:`check_action` for many proposals at once (one batched call per tier);
+        ``latency_s`` is the whole batch's time."""
         t0 = time.perf_counter()
-        step = Step(
-            step_id=f"proposed-{len(trajectory.steps)}",
-            index=len(trajectory.steps),
-            observation=_last_result(trajectory),
-            action=action,
-        )
-        st = ScreenStep(
-            trajectory_id=trajectory.trajectory_id,
-            task=trajectory.task,
-            step=step,
-            history=tuple(trajectory.steps[-4:]),
-            source=trajectory.source,
-            meta=trajectory.meta,
-        )
-        v = self.screen([st], through=1)[0]
-        decision: Decision = "allow"
-        if self.policy.block(v.signals) and v.tier >= 1:
-            decision = "block"
-        elif v.tier >= 2:
-            decision = "escalate"
-        return ActionCheck(decision, v.tier, v.score, v.signals, time.perf_counter() - t0)
+        steps = []
+        for trajectory, action in proposals:
+            step = Step(
+                step_id=f"proposed-{len(trajectory.steps)}",
+                index=len(trajectory.steps),
+                observation=_last_result(trajectory),
+                action=action,
+            )
+            steps.append(
+                ScreenStep(
+                    trajectory_id=trajectory.trajectory_id,
+                    task=trajectory.task,
+                    step=step,
+                    history=tuple(trajectory.steps[-4:]),
+                    source=trajectory.source,
+                    meta=trajectory.meta,
+                )
+            )
+        verdicts = self.screen(steps, through=1)
+        latency = time.perf_counter() - t0
+        out = []
+        for v in verdicts:
+            decision: Decision = "allow"
+            if self.policy.block(v.signals) and v.tier >= 1:
+                decision = "block"
+            elif v.tier >= 2:
+                decision = "escalate"
+            out.append(ActionCheck(decision, v.tier, v.score, v.signals, latency))
+        return out
 
     def _verdict(
         self,
@@ -454,7 +469,10 @@ def calibrate(
     ``MIN_BENIGN_FIT``. Its threshold passes ``budget_k`` of *all* benign
     validation steps. A tier's models only run on the steps that reach it.
     ``review_limit`` caps the training steps the L2 reviewer grades (a
-    class-stratified sample of those reaching it): reviews cost seconds each.
+    class-stratified sample of those reaching it) and the harmful validation
+    steps it grades (every benign one that reaches L2 is graded, since the
+    threshold is set on them): reviews cost seconds each. The validation
+    figures then count the unreviewed harmful steps as stopped at L2.
     """
     l0, l1, reviewer = screener_parts
     probe = Screener(policy=None, l0=l0, l1=l1, reviewer=reviewer)  # type: ignore[arg-type]
@@ -462,6 +480,7 @@ def calibrate(
     log(f"calibrate: L0 signals for {len(train.steps)} train and {len(val.steps)} val steps")
     rows_tr = probe.tier_signals(0, train.steps)
     rows_va = probe.tier_signals(0, val.steps)
+    unreviewed_va = np.zeros(0, dtype=int)  # harmful val steps reaching L2 left unreviewed
     fit_tr = np.arange(len(train.steps))  # training steps the current gate is fitted on
     reach_va = np.arange(len(val.steps))  # validation steps that reached the current gate
     benign_va = int((val.y == 0).sum())
@@ -477,6 +496,14 @@ def calibrate(
             else:
                 if review_limit is not None and len(fit_tr) > review_limit:
                     fit_tr = _stratified(fit_tr, train.y[fit_tr], review_limit, seed)
+                harmful_va = reach_va[val.y[reach_va] == 1]
+                if review_limit is not None and len(harmful_va) > review_limit:
+                    # the threshold is set on benign steps only: every benign one is
+                    # reviewed, the harmful ones (for the figures) are sampled
+                    rng = np.random.default_rng(seed)
+                    keep = rng.choice(harmful_va, review_limit, replace=False)
+                    unreviewed_va = np.setdiff1d(harmful_va, keep)
+                    reach_va = np.sort(np.concatenate([reach_va[val.y[reach_va] == 0], keep]))
                 log(f"calibrate: reviewing {len(fit_tr)} train and {len(reach_va)} val steps")
                 new_tr = [
                     v.signals() if v else {}
@@ -538,9 +565,11 @@ def calibrate(
         block_threshold=block_threshold,
         data={"train": train.hash, "val": val.hash, **(data or {})},
     )
-    decisions = policy.decide_many(rows_va, through=2)
+    counted = np.setdiff1d(np.arange(len(val.steps)), unreviewed_va)
+    decisions = policy.decide_many([rows_va[i] for i in counted], through=2)
     metrics = {
-        "val": gate_metrics(decisions, val.y),
+        "val": gate_metrics(decisions, val.y[counted]),
+        "val_harmful_unreviewed_left_out": int(len(unreviewed_va)),
         "seconds": round(time.perf_counter() - t0, 1),
         "timings": {k: round(v, 2) for k, v in probe.timings.items()},
     }

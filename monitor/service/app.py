@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import jinja2
 from fastapi import FastAPI, Request, status
@@ -27,9 +27,13 @@ from monitor.service.api.main import api_router
 from monitor.service.db import make_engine, make_sessionmaker, upgrade_database, utcnow
 from monitor.service.paging import PagingError
 from monitor.service.scheduler import Scheduler
+from monitor.service.screen import ScreenQueue
 from monitor.service.settings import PagingSettings
 from monitor.service.web import routes as web
 from streams.bus import Bus
+
+if TYPE_CHECKING:
+    from monitor.pipeline import Screener
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +51,16 @@ def create_app(
     bus: Bus | None = None,
     console: TextIO | None = None,
     clock: Callable[[], datetime] = utcnow,
+    screener: Screener | None = None,
 ) -> FastAPI:
     """Build the paging service.
 
     ``bus``: where verdicts are published (default: a ``KafkaBus`` when
     ``VIGIL_KAFKA_BOOTSTRAP_SERVERS`` is set, else none: verdicts are stored
     and published once a bus is configured). ``console``: the console
-    channel's stream (default stdout).
+    channel's stream (default stdout). ``screener``: answers ``POST /v1/screen``
+    (default: loaded at start-up from ``settings.screen_policy`` when set, without the L2
+    reviewer; with neither, the endpoint answers 503).
     """
     settings = settings or PagingSettings()
     engine = make_engine(settings.database_url)
@@ -67,6 +74,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.auto_migrate:
             await asyncio.to_thread(upgrade_database, engine)
+        if app.state.screen is None and settings.screen_policy is not None:
+            app.state.screen = await _load_screen(settings)
         own_bus, labels_topic = _labels_bus(settings, bus)
         app.state.bus = own_bus or bus
         scheduler = Scheduler(sessions, settings, clock=clock, console=console or sys.stdout,
@@ -98,6 +107,8 @@ def create_app(
     app.state.clock = clock
     app.state.bus = bus
     app.state.scheduler = None
+    app.state.screen = (ScreenQueue(screener, max_batch=settings.screen_max_batch)
+                        if screener is not None else None)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), autoescape=True)
     app.state.templates = Jinja2Templates(env=env)
 
@@ -110,6 +121,28 @@ def create_app(
                        https_only=settings.secure_cookies)
     app.add_middleware(_Guard, max_body_bytes=settings.max_body_bytes)
     return app
+
+
+async def _load_screen(settings: PagingSettings) -> ScreenQueue:
+    """The screener of ``settings.screen_policy`` (L0 + L1), warmed up by one check so that
+    the first request does not wait for lazily loaded models (seconds, once)."""
+    from monitor.pipeline import load_screener
+    from streams.records import Action, Trajectory
+
+    path = settings.screen_policy
+
+    def load() -> Screener:
+        screener = load_screener(path, reviewer=False, prepare=False, log=log.info)
+        screener.check_action(Trajectory(trajectory_id="warm-up", steps=[]),
+                              Action(text="warm up"))
+        return screener
+
+    t0 = asyncio.get_running_loop().time()
+    screener = await asyncio.to_thread(load)
+    queue = ScreenQueue(screener, max_batch=settings.screen_max_batch)
+    log.info("POST /v1/screen: policy %s (%s) loaded in %.1f s", path, queue.policy,
+             asyncio.get_running_loop().time() - t0)
+    return queue
 
 
 def _labels_bus(settings: PagingSettings, given: Bus | None) -> tuple[Bus | None, str]:
@@ -156,7 +189,8 @@ def _first_error(errors: list[Any]) -> str:
 
 
 def _wants_html(request: Request) -> bool:
-    return not request.url.path.startswith("/api/") and request.url.path != "/healthz"
+    path = request.url.path
+    return not path.startswith(("/api/", "/v1/")) and path != "/healthz"
 
 
 def _add_error_handlers(app: FastAPI) -> None:

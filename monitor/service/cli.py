@@ -11,6 +11,7 @@ import argparse
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 ROLES = ("producer", "reviewer", "admin")
@@ -20,12 +21,14 @@ SERVE_EPILOG = textwrap.dedent(
     examples:
       monitor serve                                   # SQLite file vigil-paging.db, port 8000
       monitor serve --port 9000 --database-url postgresql://vigil@db.internal/vigil
+      monitor serve --screen-policy ~/.cache/vigil/models/policy.json   # + POST /v1/screen
       monitor paging token create --role reviewer --name alice   # then sign in at /login
 
     configuration (environment, VIGIL_PAGING_*):
       VIGIL_PAGING_DATABASE_URL   sqlite:///FILE (default vigil-paging.db) or postgresql://...
       VIGIL_PAGING_SECRET_KEY     signs browser sessions (set it, or logins end on restart)
       VIGIL_PAGING_PUBLIC_URL     base URL used in notification links
+      VIGIL_PAGING_SCREEN_POLICY  calibrated policy for POST /v1/screen (as --screen-policy)
       VIGIL_PAGING_POLL_INTERVAL_S, VIGIL_PAGING_WEBHOOK_MAX_ATTEMPTS, ...
       VIGIL_KAFKA_BOOTSTRAP_SERVERS  publish verdicts to the labels topic
     """
@@ -76,15 +79,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     update: dict[str, Any] = {}
     if args.database_url:
         update["database_url"] = args.database_url
+    if args.screen_policy:
+        update["screen_policy"] = Path(args.screen_policy).expanduser()
     if "public_url" not in settings.model_fields_set:
         update["public_url"] = f"http://{args.host}:{args.port}"
     settings = settings.model_copy(update=update)
     _migrated_engine(settings.database_url).dispose()  # fail here, in one sentence, if unreachable
+    if settings.screen_policy is not None:
+        _check_policy(settings.screen_policy)
     app = create_app(settings)
-    print(f"paging service on http://{args.host}:{args.port} (database {settings.database_url})",
-          file=sys.stderr, flush=True)
+    screening = (f"; POST /v1/screen with {settings.screen_policy}" if settings.screen_policy
+                 else "; POST /v1/screen off (--screen-policy)")
+    print(f"paging service on http://{args.host}:{args.port} (database {settings.database_url}"
+          f"{screening})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _check_policy(path: Path) -> None:
+    """Fail in one sentence, before serving, when the screening policy cannot be read."""
+    from monitor.tiers import CalibratedPolicy, PolicyError
+
+    try:
+        CalibratedPolicy.load(path)
+    except PolicyError as e:
+        raise PagingCliError(f"--screen-policy {e}") from None
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -166,6 +185,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     _db_arg(p)
+    p.add_argument("--screen-policy", metavar="PATH",
+                   help="calibrated policy (monitor calibrate) that answers POST /v1/screen "
+                        "(default: $VIGIL_PAGING_SCREEN_POLICY; unset = the endpoint answers 503)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(fn=cmd_serve)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from monitor.service.auth import Principal, authenticate
 from monitor.service.scheduler import Scheduler
+from monitor.service.screen import ScreenQueue
 from monitor.service.settings import PagingSettings
 
 bearer = HTTPBearer(
@@ -37,17 +38,30 @@ def get_scheduler(request: Request) -> Scheduler | None:
     return getattr(request.app.state, "scheduler", None)
 
 
+SCREEN_DISABLED = (
+    "pre-execution screening is off: start the service with --screen-policy PATH (or "
+    "VIGIL_PAGING_SCREEN_POLICY) naming a calibrated policy from `monitor calibrate`"
+)
+
+
+def get_screen_queue(request: Request) -> ScreenQueue:
+    queue: ScreenQueue | None = getattr(request.app.state, "screen", None)
+    if queue is None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, SCREEN_DISABLED)
+    return queue
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[PagingSettings, Depends(get_settings)]
 NowDep = Annotated[datetime, Depends(get_now)]
 SchedulerDep = Annotated[Scheduler | None, Depends(get_scheduler)]
+ScreenQueueDep = Annotated[ScreenQueue, Depends(get_screen_queue)]
 
 
-def get_principal(
-    session: SessionDep,
-    now: NowDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-) -> Principal:
+CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def get_principal(session: SessionDep, now: NowDep, credentials: CredentialsDep) -> Principal:
     if credentials is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
@@ -88,6 +102,18 @@ def ensure_role(principal: Principal, role: str, action: str | None = None) -> N
         )
 
 
+def get_harness(request: Request, now: NowDep, credentials: CredentialsDep) -> Principal:
+    """A producer (or admin) token, checked in a transaction of its own that ends before the
+    handler runs: ``POST /v1/screen`` holds no database connection while models run (SQLite
+    has one writer, so a held session would serialise every screening request)."""
+    with request.app.state.sessions() as session:
+        principal = get_principal(session, now, credentials)
+        session.commit()  # last_used_at
+    ensure_role(principal, "producer", "screening")
+    return principal
+
+
 ProducerDep = Annotated[Principal, Depends(require("producer"))]
+HarnessDep = Annotated[Principal, Depends(get_harness)]
 ReviewerDep = Annotated[Principal, Depends(require("reviewer"))]
 AdminDep = Annotated[Principal, Depends(require("admin"))]

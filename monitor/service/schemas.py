@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from streams.records import Trajectory
+from streams.records import Action, Trajectory
 
 Severity = Literal["critical", "error", "warning", "info"]
 Role = Literal["producer", "reviewer", "admin"]
@@ -450,3 +450,104 @@ class TokenCreated(TokenPublic):
 class Me(Schema):
     name: str
     role: Role
+
+
+# --- pre-execution screening (POST /v1/screen) --------------------------------------------
+
+ScreenDecision = Literal["allow", "escalate", "block"]
+MAX_PIXEL = 1e6
+
+
+def _check_screenshot(ref: str, where: str) -> None:
+    """A screenshot in a request must be an inline PNG: a server never opens a client's path."""
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    head, sep, data = ref.partition(",")
+    if not sep or not head.startswith("data:image/png") or not head.endswith(";base64"):
+        raise ValueError(f"{where} must be a data:image/png;base64 URI (paths are not read)")
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(data, validate=True))) as img:
+            img.verify()
+    except (binascii.Error, UnidentifiedImageError, OSError, ValueError,
+            Image.DecompressionBombError):
+        raise ValueError(f"{where} is not a readable base64 PNG") from None
+
+
+class ProposedAction(Action):
+    """The action the agent proposes (DESIGN §2.1 ``action``), before it runs."""
+
+    @model_validator(mode="after")
+    def _says_something(self) -> ProposedAction:
+        if not self.text.strip() and self.tool is None and self.gui is None:
+            raise ValueError("the proposed action needs a text, a tool call or a gui action")
+        if self.gui is not None:
+            for axis in ("x", "y"):
+                v = getattr(self.gui, axis)
+                if v is not None and not -MAX_PIXEL <= v <= MAX_PIXEL:
+                    raise ValueError(f"gui.{axis} is {v}; a screen coordinate is within "
+                                     f"±{MAX_PIXEL:g} pixels")
+        return self
+
+
+class ScreenRequest(Body):
+    """A trajectory so far and the action its agent proposes next."""
+
+    trajectory: Trajectory = Field(
+        description="the trajectory so far, in the interchange format (DESIGN §2.1); "
+        "it may have no steps yet"
+    )
+    action: ProposedAction
+    step_id: Label255 | None = Field(
+        default=None, description="the id the step will have, echoed back (not yet a step)"
+    )
+
+    @model_validator(mode="after")
+    def _screenable(self) -> ScreenRequest:
+        t = self.trajectory
+        if self.step_id is not None and any(s.step_id == self.step_id for s in t.steps):
+            raise ValueError(f"step_id {self.step_id!r} is already a step of the trajectory")
+        for i, s in enumerate(t.steps):
+            for part, view in (("observation", s.observation), ("result", s.result)):
+                if view is not None and view.screenshot:
+                    _check_screenshot(view.screenshot,
+                                      f"trajectory.steps.{i}.{part}.screenshot")
+        if "activations" in t.meta:
+            raise ValueError("trajectory.meta.activations is not read by /v1/screen: the probe "
+                             "model computes the proposed action's activations")
+        signals = t.meta.get("signals")
+        if isinstance(signals, dict):
+            for k, v in signals.items():
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    try:
+                        ok = math.isfinite(float(v))
+                    except OverflowError:
+                        ok = False
+                    if not ok:
+                        raise ValueError(f"trajectory.meta.signals.{k} is out of range")
+        return self
+
+
+class ScreenResponse(Schema):
+    """The answer for the agent's harness (never for the agent: a verdict it saw would teach
+    it to evade). L0 and L1 only; no L2 review runs before an action."""
+
+    decision: ScreenDecision = Field(
+        description="allow: run it; escalate: hold it for review (it would reach the L2 "
+        "reviewer); block: do not run it (the L0+L1 probability reaches the block threshold)"
+    )
+    tier: int = Field(ge=0, le=2, description="the highest tier reached: 0 (L0 stopped it), "
+                      "1 (L1 scored it), 2 (it would go on to the L2 reviewer)")
+    score: float = Field(ge=0.0, le=1.0,
+                         description="probability of harm from the deepest gate evaluated")
+    signals: dict[str, float] = Field(
+        description="the L0 and L1 signals by name (wm_harm_pre: harm of the world model's "
+        "predicted next state; no wm_harm_post, the action has not run)"
+    )
+    latency_ms: float = Field(ge=0.0, description="server time to the answer, queueing included")
+    policy: str = Field(description="content hash of the calibrated policy that answered")
+    trajectory_id: str
+    step_id: str | None = Field(default=None, description="the request's step_id, if any")

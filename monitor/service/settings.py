@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -44,4 +46,12 @@ class PagingSettings(BaseSettings):
     publish_labels: bool = Field(
         default=True,
         description="publish verdicts to Kafka when VIGIL_KAFKA_BOOTSTRAP_SERVERS is set",
+    )
+    screen_policy: Path | None = Field(
+        default=None,
+        description="calibrated policy (`monitor calibrate`) for POST /v1/screen; unset = "
+        "the endpoint answers 503",
+    )
+    screen_max_batch: int = Field(
+        default=16, ge=1, le=256, description="most proposed actions screened in one model call"
     )

@@ -32,7 +32,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("DELETE", "/api/v1/channels/{name}"): "admin",
     ("POST", "/api/v1/tokens"): "admin",
     ("DELETE", "/api/v1/tokens/{token_id}"): "admin",
+    ("POST", "/v1/screen"): "producer",  # the agent's harness, before an action runs
 }
+API_PREFIXES = ("/api/", "/v1/")
 EVENTS = ("POST", "/api/v1/events")  # the role depends on the action: tested on its own
 WEB_MUTATING = {"/logout", "/cases/{page_id}/acknowledge", "/cases/{page_id}/resolve",
                 "/cases/{page_id}/verdict"}
@@ -66,7 +68,7 @@ def test_every_mutating_api_route_refuses_missing_bad_and_wrong_role_tokens(
     client: TestClient, service: Service
 ) -> None:
     routes = mutating_routes(client)
-    api = {r for r in routes if r[1].startswith("/api/")}
+    api = {r for r in routes if r[1].startswith(API_PREFIXES)}
     assert api == set(ALLOWED) | {EVENTS}, "a new mutating route needs an entry in ALLOWED"
     for method, path in sorted(api):
         url = concrete(path)
@@ -140,7 +142,7 @@ def sign_in(client: TestClient, token: str) -> int:
 def test_review_pages_need_a_session_and_a_csrf_token(client: TestClient,
                                                       service: Service) -> None:
     client.post("/api/v1/events", json=trigger("traj-web", 0), headers=service.auth("producer"))
-    web = {path for method, path in mutating_routes(client) if not path.startswith("/api/")}
+    web = {path for method, path in mutating_routes(client) if not path.startswith(API_PREFIXES)}
     assert web - {"/login"} == WEB_MUTATING
     for path in sorted(WEB_MUTATING):
         r = client.post(concrete(path), data={"csrf": "x", "harmful": "yes"},

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from monitor.service.api.routes import auth, channels, events, pages, policies, silences, verdicts
+from monitor.service.api.routes import (
+    auth,
+    channels,
+    events,
+    pages,
+    policies,
+    screen,
+    silences,
+    verdicts,
+)
 
 
 def api_router() -> APIRouter:
     router = APIRouter()
-    for module in (events, pages, verdicts, policies, channels, silences, auth):
+    for module in (events, pages, verdicts, policies, channels, silences, auth, screen):
         router.include_router(module.router)
     return router

@@ -1,0 +1,308 @@
+"""``POST /v1/screen`` on a real app with the real tiny models: a proposed action gets the
+answer the screener gives offline (a hijacked step is held, a benign one allowed), from the
+predicted next state; auth, clear 4xx, 503 when off, batching, and fuzzing without a 5xx."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from schemathesis import GenerationMode
+from schemathesis.core.result import Ok
+
+from monitor.pipeline import ActionCheck, Screener, load_screener, load_split
+from monitor.screening import ScreenStep
+from monitor.service.app import create_app
+from monitor.service.auth import create_token
+from monitor.service.db import make_engine, make_sessionmaker, session_scope, upgrade_database
+from monitor.service.screen import ScreenQueue, policy_hash
+from streams.records import Action, Trajectory
+from tests.service.conftest import Service
+from tests.service.helpers import png_data_uri
+from tests.service.test_cli import paging_cli
+from tests.service.test_schema import fuzz_operation
+
+L0_L1_ONLY = {"probe_harm", "wm_harm_pre", "wm_relational_harm", "rule_destructive",
+              "rule_new_recipient", "rule_injection_marker"}
+
+
+@pytest.fixture(scope="module")
+def screener(tiny_policy: Path) -> Screener:
+    return load_screener(tiny_policy, reviewer=False)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Service:
+    """An SQLite store with a token of every role (the screen endpoint keeps no state)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('screen')}/paging.db"
+    engine = make_engine(url)
+    upgrade_database(engine)
+    tokens = {}
+    with session_scope(make_sessionmaker(engine)) as session:
+        for role in ("producer", "reviewer", "admin"):
+            _, tokens[role] = create_token(session, f"{role}-1", role)
+    engine.dispose()
+    return Service(url, tokens)
+
+
+@pytest.fixture(scope="module")
+def app(store: Service, screener: Screener) -> FastAPI:
+    return create_app(store.settings(), console=io.StringIO(), screener=screener)
+
+
+@pytest.fixture(scope="module")
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as c:
+        yield c
+
+
+def proposal(st: ScreenStep) -> tuple[Trajectory, Action]:
+    """A recorded step as a proposal: the trajectory before it, and its action."""
+    t = st.trajectory_so_far()
+    return t.model_copy(update={"steps": list(t.steps[:-1])}), t.steps[-1].action
+
+
+def body(trajectory: Trajectory, action: Action, **extra: Any) -> dict[str, Any]:
+    return {"trajectory": trajectory.model_dump(mode="json", exclude_none=True),
+            "action": action.model_dump(mode="json", exclude_none=True), **extra}
+
+
+@pytest.fixture(scope="module")
+def offline(small_agentdojo: Path, screener: Screener
+            ) -> list[tuple[int, Trajectory, Action, ActionCheck]]:
+    """Every validation step of the tiny data as a proposal, with the screener's own answer."""
+    split = load_split([small_agentdojo], "val")
+    out = []
+    for st, y in zip(split.steps, split.y, strict=True):
+        traj, action = proposal(st)
+        out.append((int(y), traj, action, screener.check_action(traj, action)))
+    return out
+
+
+def assert_same(answer: dict[str, Any], check: ActionCheck) -> None:
+    assert (answer["decision"], answer["tier"]) == (check.decision, check.tier)
+    # batched with others, the probe model pads: floats agree to ~1e-4, decisions exactly
+    assert answer["score"] == pytest.approx(check.score, abs=1e-3)
+    assert answer["signals"] == pytest.approx(dict(check.signals), abs=1e-3)
+
+
+def test_a_hijacked_action_is_held_and_a_benign_one_allowed(
+    client: TestClient, store: Service, screener: Screener,
+    offline: list[tuple[int, Trajectory, Action, ActionCheck]],
+) -> None:
+    harmful = max((o for o in offline if o[0] == 1), key=lambda o: o[3].score)
+    benign = min((o for o in offline if o[0] == 0), key=lambda o: o[3].score)
+    assert harmful[3].decision in {"escalate", "block"}  # what the screener says offline
+    assert benign[3].decision == "allow"
+    for _, traj, action, check in (harmful, benign):
+        r = client.post("/v1/screen", json=body(traj, action, step_id="next-step"),
+                        headers=store.auth("producer"))
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert_same(answer, check)
+        # pre-execution: the harm of the predicted next state, never of an observed one
+        assert "wm_harm_pre" in answer["signals"] and "wm_harm_post" not in answer["signals"]
+        assert set(answer["signals"]) <= L0_L1_ONLY  # nothing of an L2 review
+        assert answer["policy"] == policy_hash(screener)
+        assert (answer["trajectory_id"], answer["step_id"]) == (traj.trajectory_id, "next-step")
+        assert answer["latency_ms"] > 0
+    held = client.post("/v1/screen", json=body(*harmful[1:3]), headers=store.auth("admin"))
+    assert held.json()["decision"] == harmful[3].decision  # an admin may screen too
+
+
+def test_every_validation_step_gets_the_offline_answer(
+    client: TestClient, store: Service,
+    offline: list[tuple[int, Trajectory, Action, ActionCheck]],
+) -> None:
+    """Sent all at once (they are batched): each answer is still its own offline one."""
+    answers: dict[int, Any] = {}
+    barrier = threading.Barrier(len(offline))
+
+    def send(i: int, traj: Trajectory, action: Action) -> None:
+        barrier.wait()
+        answers[i] = client.post("/v1/screen", json=body(traj, action),
+                                 headers=store.auth("producer"))
+
+    threads = [threading.Thread(target=send, args=(i, t, a))
+               for i, (_, t, a, _) in enumerate(offline)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, (_, _, _, check) in enumerate(offline):
+        assert answers[i].status_code == 200, answers[i].text
+        assert_same(answers[i].json(), check)
+
+
+def test_concurrent_checks_run_as_one_batch(
+    screener: Screener, offline: list[tuple[int, Trajectory, Action, ActionCheck]],
+) -> None:
+    queue = ScreenQueue(screener, max_batch=4)
+    proposals = [(t, a) for _, t, a, _ in offline[:6]]
+
+    async def check_all() -> list[ActionCheck]:
+        return await asyncio.gather(*(queue.check(t, a) for t, a in proposals))
+
+    got = asyncio.run(check_all())
+    assert queue.batches == 2  # six waiting proposals, at most four a model call
+    for check, (_, _, _, alone) in zip(got, offline[:6], strict=True):
+        assert (check.decision, check.tier) == (alone.decision, alone.tier)
+        assert check.score == pytest.approx(alone.score, abs=1e-3)
+
+
+def test_the_first_action_of_a_trajectory_can_be_screened(
+    client: TestClient, store: Service, screener: Screener,
+) -> None:
+    traj = Trajectory(trajectory_id="fresh", source="deployment",
+                      task="Pay the rent for this month.", steps=[])
+    action = Action.model_validate({
+        "text": "send_money(recipient='GB29NWBK60161331926819', amount=1100)",
+        "tool": {"name": "send_money",
+                 "arguments": {"recipient": "GB29NWBK60161331926819", "amount": 1100}}})
+    r = client.post("/v1/screen", json=body(traj, action), headers=store.auth("producer"))
+    assert r.status_code == 200, r.text
+    assert_same(r.json(), screener.check_action(traj, action))
+    assert r.json()["signals"]["rule_new_recipient"] == 1.0  # an account the task never named
+
+
+def test_only_the_harness_may_screen(client: TestClient, store: Service,
+                                     offline: list[Any]) -> None:
+    payload = body(*offline[0][1:3])
+    r = client.post("/v1/screen", json=payload)
+    assert r.status_code == 401 and "missing API token" in r.json()["detail"]
+    assert r.headers["www-authenticate"] == "Bearer"
+    r = client.post("/v1/screen", json=payload, headers={"Authorization": "Bearer vgl_nope"})
+    assert r.status_code == 401 and "invalid or revoked" in r.json()["detail"]
+    r = client.post("/v1/screen", json=payload, headers=store.auth("reviewer"))
+    assert r.status_code == 403
+    assert r.json()["detail"] == ("token 'reviewer-1' has role 'reviewer'; screening needs "
+                                  "'producer' or 'admin'")
+
+
+TRAJ = {"trajectory_id": "t1", "task": "check my balance", "steps": []}
+STEP = {"step_id": "s0", "index": 0, "observation": {"text": "balance: 10"},
+        "action": {"text": "get_balance()"}}
+
+
+@pytest.mark.parametrize(("payload", "detail"), [
+    ({"trajectory": TRAJ}, "invalid request: action: required, but missing"),
+    ({"action": {"text": "ls"}}, "invalid request: trajectory: required, but missing"),
+    ({"trajectory": TRAJ, "action": {"text": 3}},
+     "invalid request: action.text: Input should be a valid string"),
+    ({"trajectory": TRAJ, "action": {}},
+     "invalid request: action: the proposed action needs a text, a tool call or a gui action"),
+    ({"trajectory": TRAJ, "action": {"tool": {"arguments": {}}}},
+     "invalid request: action.tool.name: required, but missing"),
+    ({"trajectory": {**TRAJ, "steps": "none"}, "action": {"text": "ls"}},
+     "invalid request: trajectory.steps: Input should be a valid list"),
+    ({"trajectory": {**TRAJ, "steps": [STEP]}, "action": {"text": "ls"}, "step_id": "s0"},
+     "invalid request: step_id 's0' is already a step of the trajectory"),
+    ({"trajectory": {**TRAJ, "steps": [{**STEP, "observation": {"screenshot": "/etc/passwd"}}]},
+      "action": {"text": "ls"}},
+     "invalid request: trajectory.steps.0.observation.screenshot must be a "
+     "data:image/png;base64 URI (paths are not read)"),
+    ({"trajectory": {**TRAJ, "steps": [{**STEP, "result": {
+        "screenshot": "data:image/png;base64,bm90IGEgcG5n"}}]}, "action": {"text": "ls"}},
+     "invalid request: trajectory.steps.0.result.screenshot is not a readable base64 PNG"),
+    ({"trajectory": {**TRAJ, "meta": {"activations": {"layers": {}}}}, "action": {"text": "ls"}},
+     "invalid request: trajectory.meta.activations is not read by /v1/screen: the probe model "
+     "computes the proposed action's activations"),
+    ({"trajectory": TRAJ, "action": {"gui": {"kind": "click", "x": 1e308, "y": 0}}},
+     "invalid request: action: gui.x is 1e+308; a screen coordinate is within ±1e+06 pixels"),
+    ({"trajectory": {**TRAJ, "meta": {"signals": {"rl_drift": 10**400}}},
+      "action": {"text": "ls"}},
+     "invalid request: trajectory.meta.signals.rl_drift is out of range"),
+    ({"trajectory": TRAJ, "action": {"text": "ls"}, "verdict": "allow"},
+     "invalid request: verdict: unknown field"),
+])
+def test_a_malformed_request_is_a_422_naming_the_field(
+    client: TestClient, store: Service, payload: dict[str, Any], detail: str,
+) -> None:
+    r = client.post("/v1/screen", json=payload, headers=store.auth("producer"))
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == detail
+
+
+def test_a_screenshot_inline_as_png_is_screened(client: TestClient, store: Service) -> None:
+    step = {**STEP, "observation": {"text": "the bank's page", "screenshot": png_data_uri()}}
+    r = client.post("/v1/screen", json={"trajectory": {**TRAJ, "steps": [step]},
+                                         "action": {"gui": {"kind": "click", "x": 4, "y": 9}}},
+                    headers=store.auth("producer"))
+    assert r.status_code == 200, r.text
+    assert r.json()["decision"] in {"allow", "escalate", "block"}
+
+
+def test_without_a_screener_the_endpoint_says_how_to_enable_it(store: Service) -> None:
+    with TestClient(create_app(store.settings(), console=io.StringIO())) as c:
+        r = c.post("/v1/screen", json={"trajectory": TRAJ, "action": {"text": "ls"}},
+                   headers=store.auth("producer"))
+        assert r.status_code == 503
+        assert r.json()["detail"] == (
+            "pre-execution screening is off: start the service with --screen-policy PATH (or "
+            "VIGIL_PAGING_SCREEN_POLICY) naming a calibrated policy from `monitor calibrate`")
+        assert c.post("/v1/screen", json={}).status_code == 401  # auth first, config second
+        assert c.get("/healthz").status_code == 200  # the rest of the service runs
+
+
+def test_the_setting_loads_the_policy_at_start_up(
+    store: Service, tiny_policy: Path, screener: Screener,
+    offline: list[tuple[int, Trajectory, Action, ActionCheck]],
+) -> None:
+    settings = store.settings(screen_policy=tiny_policy)
+    app = create_app(settings, console=io.StringIO())
+    assert app.state.screen is None  # nothing is loaded when the app is built ...
+    with TestClient(app) as c:  # ... but in the lifespan, before the first request
+        _, traj, action, check = offline[0]
+        r = c.post("/v1/screen", json=body(traj, action), headers=store.auth("producer"))
+        assert r.status_code == 200, r.text
+        assert_same(r.json(), check)
+        assert r.json()["policy"] == policy_hash(screener)
+
+
+def test_the_openapi_schema_documents_the_endpoint(app: FastAPI) -> None:
+    schema = app.openapi()
+    op = schema["paths"]["/v1/screen"]["post"]
+    assert {"200", "401", "403", "422", "503"} <= set(op["responses"])
+    assert op["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ScreenRequest"}
+    assert op["security"] == [{"HTTPBearer": []}]
+    answer = schema["components"]["schemas"]["ScreenResponse"]
+    assert answer["properties"]["decision"]["enum"] == ["allow", "escalate", "block"]
+    assert set(answer["properties"]) == {"decision", "tier", "score", "signals", "latency_ms",
+                                         "policy", "trajectory_id", "step_id"}
+
+
+def test_fuzzed_screen_requests_never_get_a_server_error(app: FastAPI, store: Service) -> None:
+    """Valid and invalid bodies through the real models: no 5xx, every answer as declared."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    [operation] = [op for r in schema.get_all_operations()
+                   if isinstance(r, Ok) and (op := r.ok()).path == "/v1/screen"]
+    before = app.state.screen.batches
+    failures = [
+        failure
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+        if (failure := fuzz_operation(operation, mode, store.auth("producer"), 25))
+    ]
+    assert not failures, "\n\n".join(failures)
+    assert app.state.screen.batches > before  # valid bodies reached the models
+
+
+def test_serve_refuses_a_screen_policy_it_cannot_read(tmp_path: Path) -> None:
+    missing = tmp_path / "policy.json"
+    r = paging_cli("serve", "--screen-policy", str(missing), "--database-url",
+                   f"sqlite:///{tmp_path}/cli.db")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"monitor serve: --screen-policy {missing}: no calibrated "
+                                "policy; make one with `monitor calibrate`")
+    missing.write_text("{}")
+    r = paging_cli("serve", "--screen-policy", str(missing), "--database-url",
+                   f"sqlite:///{tmp_path}/cli.db")
+    assert r.returncode == 2 and "calibrated policy version None" in r.stderr
