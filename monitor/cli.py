@@ -267,13 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="consume as this group and commit (default: read, no commit)")
     p.add_argument("--headers", action="store_true", help="print every header")
 
-    from monitor import probes_cli, rlhealth_cli, screen_cli, worldmodel_cli
+    from monitor import probes_cli, rlhealth_cli, screen_cli, stream_cli, worldmodel_cli
     from monitor.service.cli import add_parser as add_paging
 
     worldmodel_cli.add_parser(sub)
     probes_cli.add_parser(sub)
     rlhealth_cli.add_parser(sub)
     screen_cli.add_parser(sub)
+    stream_cli.add_parser(sub)
     add_paging(sub)
 
     p = add(

@@ -35,6 +35,12 @@ H_DLQ_OFFSET = "vigil-dlq-offset"
 H_DLQ_GROUP = "vigil-dlq-group"
 
 
+class RetryLater(Exception):  # noqa: N818 - it is an instruction, not an error
+    """Raised by a handler when its input is fine but something downstream is not
+    (a service it must call is unreachable): the batch is neither dead-lettered nor
+    committed, and the processor consumes it again after a pause."""
+
+
 @dataclass(frozen=True)
 class Output:
     """A record to publish, keyed by trajectory or execution id."""
@@ -74,6 +80,7 @@ def dead_letter(bus: Bus, topic: str, message: Message, reason: str, group_id: s
 
 
 Handler = Callable[[Record, Message], Iterable[Output]]
+BatchHandler = Callable[[list[tuple[Record, Message]]], Iterable[Output]]
 Positions = Mapping[tuple[str, int], int]
 
 
@@ -84,6 +91,7 @@ class ProcessorStats:
     dead_lettered: int = 0
     produced: int = 0
     batches: int = 0
+    retries: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -94,6 +102,13 @@ class StreamProcessor:
     validate as. The handler returns the outputs for one input; it raising
     ``Exception`` is treated like a bad record (dead-lettered with the
     exception), so one poisoned input never stalls the stream.
+
+    ``batch_handler`` (instead of ``handler``) takes every decoded record of a
+    polled batch at once, so a model scores the batch in one call. Records that
+    fail to decode are dead-lettered one by one before it runs. If it raises,
+    the batch is handled again one record at a time, so only the record that
+    makes it raise is dead-lettered; a batch handler with state must therefore
+    leave its state unchanged when it raises.
 
     Stateful handlers (which buffer inputs before they can produce) pass
     ``tick``, called after every poll to emit what became ready, and ``hold``,
@@ -106,25 +121,30 @@ class StreamProcessor:
         bus: Bus,
         models: Mapping[str, type[Record]],
         group_id: str,
-        handler: Handler,
+        handler: Handler | None = None,
         *,
         deadletter_topic: str,
+        batch_handler: BatchHandler | None = None,
         max_record_bytes: int = 1_048_576,
         batch_size: int = 500,
         tick: Callable[[], Iterable[Output]] | None = None,
         hold: Callable[[], Positions] | None = None,
         on_batch: Callable[[ProcessorStats], None] | None = None,
     ) -> None:
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("a StreamProcessor takes exactly one of handler and batch_handler")
         self.bus = bus
         self.models = dict(models)
         self.group_id = group_id
         self.handler = handler
+        self.batch_handler = batch_handler
         self.deadletter_topic = deadletter_topic
         self.max_record_bytes = max_record_bytes
         self.batch_size = batch_size
         self.tick = tick
         self.hold = hold
         self.on_batch = on_batch
+        self.on_assigned: Callable[[], None] | None = None  # called once partitions arrive
         self.stats = ProcessorStats()
         self._seen: dict[tuple[str, int], int] = {}  # next offset after the last polled
         self._committed: dict[tuple[str, int], int] = {}
@@ -148,6 +168,7 @@ class StreamProcessor:
 
     def process(self, messages: Sequence[Message]) -> None:
         """Handle one polled batch and publish its outputs (not yet flushed)."""
+        decoded: list[tuple[Record, Message]] = []
         for m in messages:
             self.stats.consumed += 1
             tp = (m.topic, m.partition)
@@ -164,14 +185,39 @@ class StreamProcessor:
             except RecordError as e:
                 self.reject(m, f"invalid: {e}")
                 continue
-            try:
+            if self.batch_handler is None:
+                self._handle_one(record, m)
+            else:
+                decoded.append((record, m))
+        if self.batch_handler is None or not decoded:
+            return
+        try:
+            outputs = list(self.batch_handler(decoded))
+        except RetryLater:
+            raise
+        except Exception:  # find the poisoned record: one at a time
+            log.exception("batch handler failed on %d records; retrying one by one", len(decoded))
+            for record, m in decoded:
+                self._handle_one(record, m)
+            return
+        self._emit(outputs)
+        self.stats.processed += len(decoded)
+
+    def _handle_one(self, record: Record, m: Message) -> None:
+        try:
+            if self.batch_handler is not None:
+                outputs = list(self.batch_handler([(record, m)]))
+            else:
+                assert self.handler is not None
                 outputs = list(self.handler(record, m))
-            except Exception as e:  # a poisoned record must not stop the stream
-                log.exception("handler failed on %s[%d]@%d", m.topic, m.partition, m.offset)
-                self.reject(m, f"handler: {type(e).__name__}: {e}")
-                continue
-            self._emit(outputs)
-            self.stats.processed += 1
+        except RetryLater:
+            raise
+        except Exception as e:  # a poisoned record must not stop the stream
+            log.exception("handler failed on %s[%d]@%d", m.topic, m.partition, m.offset)
+            self.reject(m, f"handler: {type(e).__name__}: {e}")
+            return
+        self._emit(outputs)
+        self.stats.processed += 1
 
     def _commit(self, consumer: Consumer) -> None:
         held = self.hold() if self.hold else {}
@@ -191,12 +237,20 @@ class StreamProcessor:
         idle_timeout_s: float | None = None,
         max_messages: int | None = None,
         poll_timeout_s: float = 0.5,
+        retry_backoff_s: float = 2.0,
     ) -> ProcessorStats:
         """Loop until ``stop`` is set, ``idle_timeout_s`` passes with no input,
         or ``max_messages`` have been consumed. The idle clock starts once the
-        group has assigned partitions (joining a group takes seconds)."""
+        group has assigned partitions (joining a group takes seconds).
+
+        When the handler raises :class:`RetryLater`, what the batch published so
+        far is flushed, nothing is committed, and the member leaves the group
+        and joins again after ``retry_backoff_s`` (doubling up to a minute), so
+        the batch is redelivered from the last commit."""
         consumer = self.bus.consumer(list(self.models), self.group_id)
+        backoff = retry_backoff_s
         last_input: float | None = None
+        announced = False
         try:
             while not (stop and stop.is_set()):
                 if max_messages is not None and self.stats.consumed >= max_messages:
@@ -205,9 +259,30 @@ class StreamProcessor:
                 if max_messages is not None:
                     limit = min(limit, max_messages - self.stats.consumed)
                 batch = consumer.poll(poll_timeout_s, limit)
+                if not announced and (batch or consumer.assigned):
+                    announced = True
+                    if self.on_assigned:
+                        self.on_assigned()
                 if batch:
                     last_input = time.monotonic()
-                    self.process(batch)
+                    try:
+                        self.process(batch)
+                    except RetryLater as e:
+                        self.stats.retries += 1
+                        log.warning("%s: %s; consuming the batch again in %.1f s",
+                                    self.group_id, e, backoff)
+                        self.bus.flush()
+                        consumer.close()
+                        if stop is not None:
+                            stop.wait(backoff)
+                        else:
+                            time.sleep(backoff)
+                        backoff = min(2 * backoff, 60.0)
+                        self._seen = dict(self._committed)
+                        consumer = self.bus.consumer(list(self.models), self.group_id)
+                        last_input = None
+                        continue
+                    backoff = retry_backoff_s
                 elif last_input is None and consumer.assigned:
                     last_input = time.monotonic()
                 if self.tick:

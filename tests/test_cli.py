@@ -104,13 +104,33 @@ def test_replay_then_tail_shows_every_step(broker: EmbeddedBroker, unique: str) 
 
 
 @pytest.mark.broker
-def test_demo_runs_the_sample_data_through_a_real_broker() -> None:
-    out = monitor("demo", timeout=180)
-    assert out.returncode == 0, out.stderr
+def test_demo_screens_the_samples_and_pages_as_it_goes(
+    tmp_path: Path, tiny_policy: Path, small_agentdojo: Path
+) -> None:
+    """`monitor demo` on a VIGIL_HOME that holds small prepared defaults (the tiny bundles
+    and policy, and an AgentDojo build with its held-out slack split)."""
+    import shutil
+
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "data").mkdir()
+    shutil.copy(tiny_policy, home / "models" / "policy.json")
+    (home / "data" / "agentdojo").symlink_to(small_agentdojo)
+    out = monitor("demo", env={"VIGIL_HOME": str(home)}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # the TITO trees, as before
     assert "exec-7f3a: 13 unique calls, 3 leaf trajectories, 18 node occurrences" in out.stdout
     assert "vigil.steps.rollout: 30 records" in out.stdout  # 3 replayed + 27 rebuilt
     assert "vigil.deadletter: 1 records" in out.stdout
     assert "not valid JSON" in out.stdout
+    # held-out AgentDojo trajectories screened as they stream, pages as they happen
+    assert "held-out AgentDojo trajectories" in out.stdout
+    assert "PAGE " in out.stdout and "page.triggered" in out.stdout
+    assert "rollout exec-7f3a:" in out.stdout and "vigil.verdicts.rollout: 3 records" in out.stdout
+    summary = out.stdout.split("\nsummary:\n", 1)[1]
+    screened = int(summary.split()[0])
+    assert screened == 120 + 16 + 27  # AgentDojo test_slack, the samples, the rebuilt calls
+    assert "pages for" in summary and "recall" in summary
 
 
 @pytest.mark.broker
