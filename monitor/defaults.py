@@ -39,8 +39,8 @@ class DefaultSizes:
     review_limit: int  # at most this many training steps are reviewed to fit the L2 gate
 
 
-FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 120)
-SMALL = DefaultSizes(3, (6,), 300, 400, 40)
+FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 60)
+SMALL = DefaultSizes(3, (6,), 300, 400, 20)
 
 
 def default_paths(home: Path | None = None) -> dict[str, Path]:

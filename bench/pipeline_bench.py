@@ -1,0 +1,169 @@
+"""End-to-end bench of the tiers (issue 5): held-out recall at the default budgets, and the
+stream's throughput and latency through the real broker.
+
+    python bench/pipeline_bench.py                      # both parts, default policy
+    python bench/pipeline_bench.py --part quality --per-split 2000 --per-split-reviewed 150
+    python bench/pipeline_bench.py --part stream --rates 50 200 1000
+
+Quality (two passes per split: through L1 on a large sample, where tier 2 = "a reviewer
+would grade it" at the 2 % budget; and through the L2 reviewer on a small sample, where
+tier 3 = "a human is paged" at the 0.2 % budget, since each review costs seconds here): the
+default calibrated policy ($VIGIL_HOME/models/policy.json, fitted on the train
+split and calibrated on val of AgentDojo workspace/travel/banking x important_instructions)
+screens a seeded, class-stratified sample of each held-out split (``test_slack``: the slack
+suite; ``test_attacks``: every other attack template) through L0, L1 and the L2 reviewer,
+exactly as ``monitor screen`` does. Reported per split: recall per tier (harmful steps
+reaching it), overall recall (steps flagged = reaching L3), false-positive rate (benign steps
+flagged), benign share per tier, pages per 10k steps, AUROC of the final score.
+
+Stream: the embedded Tansu broker and the screening stage of the worker (L0 + L1) in this
+process; a producer offers step events at a fixed rate; latency is the time from producing a
+step to its tier-0 score arriving on ``vigil.scores`` (both clocks are this machine's);
+model compute is the screener's own timing, overhead the rest.
+
+Writes bench/results/pipeline.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _sample(split: Any, n: int, seed: int = 0) -> Any:
+    from monitor.pipeline import LabelledSplit, _stratified
+
+    if len(split.steps) <= n:
+        return split
+    keep = _stratified(np.arange(len(split.steps)), split.y, n, seed)
+    return LabelledSplit([split.steps[i] for i in keep], split.y[keep], split.hash)
+
+
+def load_held_out(datasets: list[str], split: str) -> Any:
+    """Held-out steps, read for evaluation only (``load_split`` refuses test splits)."""
+    from monitor.pipeline import LabelledSplit, screen_step_of_transition
+    from monitor.tiers import data_hash
+    from worldmodel.data import read_manifest, read_transitions
+
+    steps, y, hashes = [], [], []
+    for d in datasets:
+        hashes.append(read_manifest(d).content_hash)
+        for t in read_transitions(d, [split]):
+            steps.append(screen_step_of_transition(t, Path(d)))
+            y.append(int(t.label))
+    return LabelledSplit(steps, np.array(y, dtype=int), data_hash([*hashes, split]))
+
+
+def quality(args: argparse.Namespace) -> dict[str, Any]:
+    from dashboards.recall import auroc
+    from monitor.pipeline import load_screener
+    from monitor.tiers import TIERS
+
+    screener = load_screener(args.policy)
+    out: dict[str, Any] = {
+        "policy": str(args.policy or "default"),
+        "policy_data": dict(screener.policy.data),
+        "budgets": list(screener.policy.config.budgets),
+        "flag_tier": screener.policy.config.flag_tier,
+        "val": screener.policy.metrics.get("val"),
+        "splits": {},
+    }
+    runs = [(split, through) for split in args.splits for through in (1, 2)]
+    for split, through in runs:
+        full = load_held_out(args.data, split)
+        if not full.steps:
+            continue
+        s = _sample(full, args.per_split if through == 1 else args.per_split_reviewed)
+        screener.timings.clear()
+        t0 = time.perf_counter()
+        verdicts = screener.screen(s.steps, through=through)
+        dt = time.perf_counter() - t0
+        tiers = np.array([v.tier for v in verdicts])
+        score = np.array([v.score for v in verdicts])
+        flagged = np.array([v.flagged for v in verdicts])
+        y = s.y
+        m: dict[str, Any] = {
+            "through": f"L{through}",
+            "steps": int(len(y)),
+            "harmful": int(y.sum()),
+            "of_split_steps": int(len(full.steps)),
+            "recall_overall": float(flagged[y == 1].mean()) if y.sum() else None,
+            "fpr": float(flagged[y == 0].mean()) if (y == 0).any() else None,
+            "pages_per_10k_steps": float(10000 * (tiers >= 3).mean()),
+            "auroc_final_score": auroc(y, score),
+            "seconds": round(dt, 1),
+            "seconds_per_tier": {k: round(v, 2) for k, v in screener.timings.items()},
+        }
+        for k in (1, 2, 3):
+            hit = tiers[y == 1] >= k
+            m[f"recall_reaching_{TIERS[k]}"] = float(hit.mean()) if y.sum() else None
+            m[f"benign_share_reaching_{TIERS[k]}"] = (
+                float((tiers[y == 0] >= k).mean()) if (y == 0).any() else None
+            )
+        if through == 1:  # nothing can be flagged (tier 3) without the reviewer
+            for k in ("recall_overall", "fpr", "pages_per_10k_steps"):
+                m[k] = None
+        out["splits"][f"{split}/through_L{through}"] = m
+        print(split, json.dumps(m), flush=True)
+    return out
+
+
+def stream(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.pipeline_stream import run_stream_bench
+
+    return run_stream_bench(args.policy, args.data, args.rates, args.seconds)
+
+
+def main() -> None:
+    from monitor.defaults import default_paths
+
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--part", choices=["quality", "stream", "all"], default="all")
+    p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
+    p.add_argument("--data", nargs="+", default=[str(default_paths()["agentdojo"])])
+    p.add_argument("--splits", nargs="+", default=["test_slack", "test_attacks"])
+    p.add_argument("--per-split", type=int, default=2000,
+                   help="steps sampled per held-out split, screened through L1")
+    p.add_argument("--per-split-reviewed", type=int, default=150,
+                   help="steps sampled per held-out split, screened through the L2 reviewer")
+    p.add_argument("--rates", nargs="+", type=float, default=[50, 200, 1000])
+    p.add_argument("--seconds", type=float, default=20.0, help="offered-load duration per rate")
+    args = p.parse_args()
+    path = RESULTS / "pipeline.json"
+    result: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    result.update(
+        {
+            "bench": "pipeline",
+            "machine": {
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+            },
+        }
+    )
+    if args.part in ("quality", "all"):
+        result["quality"] = quality(args)
+        result["quality"]["command"] = " ".join([sys.executable, *sys.argv])
+    if args.part in ("stream", "all"):
+        result["stream"] = stream(args)
+        result["stream"]["command"] = " ".join([sys.executable, *sys.argv])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, sort_keys=True, default=float) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    main()
