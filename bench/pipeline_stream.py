@@ -52,8 +52,8 @@ def run_rate(screener: Any, bootstrap: str, datasets: list[str], rate: float, se
     topics = Topics(**{k: f"{v}.{tag}" for k, v in Topics().model_dump().items()})
     admin = KafkaBus(settings)
     admin.ensure_topics(topics.all())
-    n = int(rate * seconds)
-    events = _events(datasets, n)
+    events = _events(datasets, int(rate * seconds))
+    n = len(events)  # whole trajectories: a few more than rate * seconds
     screener.timings.clear()
     handler_s = [0.0]
     stop = threading.Event()
