@@ -196,9 +196,13 @@ def load_probe_model(
     threads: int | None = None,
     dtype: str | None = "auto",
     compile: bool = False,
+    attn_implementation: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> ProbeModel:
     """A local HF causal LM directory (default: Gemma-3-270M, converted on first use).
+
+    ``attn_implementation`` (e.g. ``"eager"``) is passed to transformers; the
+    default lets it choose (SDPA), which is right for the probes' short inputs.
 
     ``dtype="auto"`` runs in bfloat16 where the hardware multiplies it natively
     (a GPU, or a CPU with AMX/AVX512-BF16: ~6x faster matrix products than
@@ -218,8 +222,9 @@ def load_probe_model(
     if threads:
         torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(
-        folder, local_files_only=True, dtype=getattr(torch, dt)
+        folder, local_files_only=True, dtype=getattr(torch, dt), **extra
     )
     model.eval()
     if compile:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -50,28 +49,9 @@ def load_reviewer_model(
     The same folders, provenance and offline rules as :func:`probes.models.load_probe_model`
     (the default model is converted once on first use); only the attention differs.
     """
-    from probes import models as pmod
+    from probes.models import load_probe_model
 
-    pmod._offline()
-    folder = Path(path) if path else pmod.convert_default_model()
-    if not (folder / "config.json").exists():
-        raise FileNotFoundError(f"{folder}: not a Hugging Face model folder (no config.json)")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if threads:
-        torch.set_num_threads(threads)
-    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, local_files_only=True, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    prov = folder / pmod.PROVENANCE
-    if prov.exists():
-        p = json.loads(prov.read_text())
-        model_id, model_hash = str(p["model_id"]), str(p["model_hash"])
-    else:
-        model_id, model_hash = folder.name, pmod._folder_hash(folder)
-    return ProbeModel(model, tok, model_id, model_hash, str(folder))
+    return load_probe_model(path, threads=threads, dtype="float32", attn_implementation="eager")
 
 
 def is_eager(pm: ProbeModel) -> bool:
