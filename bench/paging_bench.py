@@ -37,13 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from monitor.service.auth import create_token  # noqa: E402
-from monitor.service.db import (  # noqa: E402
-    make_engine,
-    make_sessionmaker,
-    session_scope,
-    upgrade_database,
-)
+from monitor.service.auth import provision_store  # noqa: E402
 
 PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 
@@ -143,12 +137,8 @@ def start_service(url: str, port: int, poll_s: float) -> subprocess.Popen[bytes]
 
 
 def bench_store(store: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
-    engine = make_engine(url)
-    upgrade_database(engine)
-    with session_scope(make_sessionmaker(engine)) as session:
-        _, producer = create_token(session, "bench-producer", "producer")
-        _, admin = create_token(session, "bench-admin", "admin")
-    engine.dispose()
+    issued = provision_store(url, {"bench-producer": "producer", "bench-admin": "admin"})
+    producer, admin = issued["bench-producer"], issued["bench-admin"]
     port = free_port()
     proc = start_service(url, port, args.poll_interval)
     base = f"http://127.0.0.1:{port}"

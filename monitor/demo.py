@@ -73,17 +73,12 @@ def paging_server(folder: Path, *, console: TextIO | None = None) -> Iterator[Pa
     from pydantic import SecretStr
 
     from monitor.service.app import create_app
-    from monitor.service.auth import create_token
-    from monitor.service.db import make_engine, make_sessionmaker, session_scope, upgrade_database
+    from monitor.service.auth import provision_store
     from monitor.service.settings import PagingSettings
 
     url = f"sqlite:///{folder / 'paging.db'}"
-    engine = make_engine(url)
-    upgrade_database(engine)
-    with session_scope(make_sessionmaker(engine)) as session:
-        _, producer = create_token(session, "stream-worker", "producer")
-        _, reviewer = create_token(session, "demo-reviewer", "reviewer")
-    engine.dispose()
+    issued = provision_store(url, {"stream-worker": "producer", "demo-reviewer": "reviewer"})
+    producer, reviewer = issued["stream-worker"], issued["demo-reviewer"]
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"

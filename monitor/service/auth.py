@@ -93,3 +93,20 @@ def revoke_token(
     if row is not None and row.revoked_at is None:
         row.revoked_at = now or utcnow()
     return row
+
+
+def provision_store(database_url: str, tokens: dict[str, str]) -> dict[str, str]:
+    """Migrate the store at ``database_url`` and issue one token per ``{name: role}``.
+
+    Returns ``{name: token}`` (plaintext, shown once). For demos, benches and tests
+    that stand up a paging service of their own.
+    """
+    from monitor.service.db import make_engine, make_sessionmaker, session_scope, upgrade_database
+
+    engine = make_engine(database_url)
+    try:
+        upgrade_database(engine)
+        with session_scope(make_sessionmaker(engine)) as session:
+            return {name: create_token(session, name, role)[1] for name, role in tokens.items()}
+    finally:
+        engine.dispose()

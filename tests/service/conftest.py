@@ -16,8 +16,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from monitor.service.app import create_app
-from monitor.service.auth import create_token
-from monitor.service.db import make_engine, make_sessionmaker, session_scope, upgrade_database
+from monitor.service.auth import provision_store
 from monitor.service.settings import PagingSettings
 from streams.bus import InMemoryBus
 from tests.service.helpers import WebhookReceiver
@@ -86,14 +85,8 @@ class Service:
 
 @pytest.fixture
 def service(database_url: str) -> Iterator[Service]:
-    engine = make_engine(database_url)
-    upgrade_database(engine)
-    tokens = {}
-    with session_scope(make_sessionmaker(engine)) as session:
-        for role in ("producer", "reviewer", "admin"):
-            _, tokens[role] = create_token(session, f"{role}-1", role)
-    engine.dispose()
-    yield Service(database_url, tokens)
+    issued = provision_store(database_url, {f"{r}-1": r for r in ("producer", "reviewer", "admin")})
+    yield Service(database_url, {name[:-2]: token for name, token in issued.items()})
 
 
 @pytest.fixture

@@ -21,8 +21,7 @@ from schemathesis.core.result import Ok
 from monitor.pipeline import ActionCheck, Screener, load_screener, load_split
 from monitor.screening import ScreenStep
 from monitor.service.app import create_app
-from monitor.service.auth import create_token
-from monitor.service.db import make_engine, make_sessionmaker, session_scope, upgrade_database
+from monitor.service.auth import provision_store
 from monitor.service.screen import ScreenQueue, policy_hash
 from streams.records import Action, Trajectory
 from tests.service.conftest import Service
@@ -43,14 +42,8 @@ def screener(tiny_policy: Path) -> Screener:
 def store(tmp_path_factory: pytest.TempPathFactory) -> Service:
     """An SQLite store with a token of every role (the screen endpoint keeps no state)."""
     url = f"sqlite:///{tmp_path_factory.mktemp('screen')}/paging.db"
-    engine = make_engine(url)
-    upgrade_database(engine)
-    tokens = {}
-    with session_scope(make_sessionmaker(engine)) as session:
-        for role in ("producer", "reviewer", "admin"):
-            _, tokens[role] = create_token(session, f"{role}-1", role)
-    engine.dispose()
-    return Service(url, tokens)
+    issued = provision_store(url, {f"{r}-1": r for r in ("producer", "reviewer", "admin")})
+    return Service(url, {name[:-2]: token for name, token in issued.items()})
 
 
 @pytest.fixture(scope="module")
