@@ -91,24 +91,18 @@ def dtype_check(scorer: ProbeScorer, pm: Any, data: str, batch: int) -> dict[str
     ref = load_probe_model(dtype=other)
     val = load_steps(data, ["val"])
     key = (scorer.info.layer, scorer.info.pooling)
-    a = extract(
-        pm,
-        val.steps,
-        [key[0]],
-        template=scorer.template,
-        cache_dir=default_cache_dir(),
-        batch_size=batch,
-        progress=False,
-    )[key]
-    b = extract(
-        ref,
-        val.steps,
-        [key[0]],
-        template=scorer.template,
-        cache_dir=default_cache_dir(),
-        batch_size=batch,
-        progress=False,
-    )[key]
+    a, b = (
+        extract(
+            model,
+            val.steps,
+            [key[0]],
+            template=scorer.template,
+            cache_dir=default_cache_dir(),
+            batch_size=batch,
+            progress=False,
+        )[key]
+        for model in (pm, ref)
+    )
     cos = np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     sa, sb = scorer.score_features(a), scorer.score_features(b)
     return {
