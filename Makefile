@@ -6,8 +6,12 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# Debian packages the test suite needs: Chromium for MiniWoB++ and the review pages.
-APT_PACKAGES ?= chromium chromium-driver
+# Debian packages the test suite needs: Chromium for MiniWoB++ and the review pages,
+# Prometheus for the metrics and dashboard-query tests; npm (Debian's nodejs + npm, unless a
+# node with npm is already installed) for the dashboard type check.
+APT_PACKAGES ?= chromium chromium-driver prometheus
+# Grafana's schema types and TypeScript, to type-check the dashboards (tsc --noEmit).
+SCHEMA_DIR := dashboards/schema
 PYTEST_ARGS ?=
 
 .PHONY: test demo install apt services lint bench clean
@@ -20,15 +24,17 @@ demo: install
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(SCHEMA_DIR)/package.json $(SCHEMA_DIR)/package-lock.json
 	@$(MAKE) --no-print-directory apt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
 	$(PY) -m pip install -qq -e '.[dev]'
+	cd $(SCHEMA_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing apt packages:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
@@ -46,4 +52,4 @@ lint: install
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(SCHEMA_DIR)/node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -42,3 +42,18 @@ def threshold_at_fpr(benign_scores: np.ndarray, fpr: float) -> float:
         return 1.0
     k = int(np.floor(fpr * len(s)))  # at most k benign scores may reach the threshold
     return float(np.nextafter(s[k], np.inf)) if k < len(s) else float(s[-1])
+
+
+def wilson_interval(caught: float, total: float, z: float = 1.96) -> tuple[float, float] | None:
+    """The Wilson score interval of the proportion ``caught / total`` (95 % by default).
+
+    None when ``total`` is 0. The PromQL of the dashboards (``dashboards.promql.wilson``)
+    computes the same interval, so a panel and ``monitor report`` agree.
+    """
+    if total <= 0:
+        return None
+    p = caught / total
+    z2 = z * z
+    centre = (p + z2 / (2 * total)) / (1 + z2 / total)
+    half = z * ((p * (1 - p) / total + z2 / (4 * total * total)) ** 0.5) / (1 + z2 / total)
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -267,7 +267,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="consume as this group and commit (default: read, no commit)")
     p.add_argument("--headers", action="store_true", help="print every header")
 
-    from monitor import probes_cli, rlhealth_cli, screen_cli, stream_cli, worldmodel_cli
+    from monitor import (
+        dashboards_cli,
+        probes_cli,
+        report_cli,
+        rlhealth_cli,
+        screen_cli,
+        stream_cli,
+        worldmodel_cli,
+    )
     from monitor.service.cli import add_parser as add_paging
 
     worldmodel_cli.add_parser(sub)
@@ -276,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     screen_cli.add_parser(sub)
     stream_cli.add_parser(sub)
     add_paging(sub)
+    dashboards_cli.add_parser(sub)
+    report_cli.add_parser(sub)
 
     p = add(
         "demo",

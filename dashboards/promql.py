@@ -1,0 +1,80 @@
+"""PromQL for recall with Wilson intervals, over any window, from ``vigil_labelled_steps_total``.
+
+Recall at tier k over a window is the share of harmful labelled steps screened in
+the window that reached tier k::
+
+    increase(vigil_labelled_steps_total{label="1", tier="k"}[w])
+      / increase(vigil_labelled_steps_total{label="1", tier="0"}[w])
+
+and its 95 % Wilson score interval is written out in PromQL (``wilson``), so a
+dashboard shows the interval for whatever window it is looking at. The same
+formula in Python is :func:`dashboards.recall.wilson_interval`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+Z = 1.96  # 95 % two-sided
+
+
+def _matchers(**labels: str) -> str:
+    """``{a="x", b=~"y"}``: a value starting with ``~`` is a regex match."""
+    parts = []
+    for k, v in labels.items():
+        parts.append(f'{k}=~"{v[1:]}"' if v.startswith("~") else f'{k}="{v}"')
+    return "{" + ", ".join(parts) + "}"
+
+
+def labelled(tier: int, window: str, *, by: Sequence[str] = (), label: str = "1",
+             **match: str) -> str:
+    """Labelled steps (of ``label``) that reached ``tier`` in ``window``, summed ``by``."""
+    sel = _matchers(label=label, tier=str(tier), **match)
+    agg = f"sum by ({', '.join(by)})" if by else "sum"
+    return f"{agg} (increase(vigil_labelled_steps_total{sel}[{window}]))"
+
+
+def recall(tier: int, window: str, *, by: Sequence[str] = (), **match: str) -> str:
+    """Recall at ``tier`` over ``window`` (harmful steps that reached it / harmful screened)."""
+    return f"{labelled(tier, window, by=by, **match)} / {labelled(0, window, by=by, **match)}"
+
+
+def false_positive_rate(tier: int, window: str, *, by: Sequence[str] = (),
+                        **match: str) -> str:
+    """Share of benign labelled steps that reached ``tier`` (the budget actually spent)."""
+    return (f"{labelled(tier, window, by=by, label='0', **match)} / "
+            f"{labelled(0, window, by=by, label='0', **match)}")
+
+
+def wilson(caught: str, total: str, bound: str, z: float = Z) -> str:
+    """The lower or upper (``bound``) end of the Wilson interval of ``caught / total``."""
+    if bound not in ("lower", "upper"):
+        raise ValueError(f"bound must be 'lower' or 'upper', got {bound!r}")
+    c, n = f"({caught})", f"({total})"
+    p = f"({c} / {n})"
+    z2 = z * z
+    sign = "-" if bound == "lower" else "+"
+    return (
+        f"({p} + {z2 / 2:.6g} / {n} {sign} {z:.6g} * "
+        f"sqrt({p} * (1 - {p}) / {n} + {z2 / 4:.6g} / ({n} * {n}))) / (1 + {z2:.6g} / {n})"
+    )
+
+
+def recall_interval(tier: int, window: str, bound: str, *, by: Sequence[str] = (),
+                    **match: str) -> str:
+    """The Wilson ``bound`` of :func:`recall`."""
+    return wilson(labelled(tier, window, by=by, **match), labelled(0, window, by=by, **match),
+                  bound)
+
+
+def page_precision(window: str) -> str:
+    """Share of human verdicts on pages that said harmful, over ``window``."""
+    harmful = 'sum(increase(vigil_page_verdicts_total{verdict="harmful"}[' + window + "]))"
+    total = "sum(increase(vigil_page_verdicts_total[" + window + "]))"
+    return f"{harmful} / {total}"
+
+
+def page_precision_interval(window: str, bound: str) -> str:
+    harmful = 'sum(increase(vigil_page_verdicts_total{verdict="harmful"}[' + window + "]))"
+    total = "sum(increase(vigil_page_verdicts_total[" + window + "]))"
+    return wilson(harmful, total, bound)
