@@ -8,7 +8,7 @@ README rely on:
 worker (``monitor stream --metrics-port``)
     vigil_steps_total{stream, tier, canary}         steps that reached tier 0..3
     vigil_escalations_total{stream, tier}           escalation records published (tier 2, 3)
-    vigil_tier_latency_seconds{tier}                per step: the model time of its batch at L0/L1/L2
+    vigil_tier_latency_seconds{tier}                per step: its batch's model time at L0, L1, L2
     vigil_step_latency_seconds{stage}               per step: produce time to output published
     vigil_reviews_total{backend, outcome}           L2 reviews (outcome: ok | error)
     vigil_reviewer_cost_total{backend}              the reviewer's cost (its backend's unit)

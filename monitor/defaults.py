@@ -147,3 +147,21 @@ def calibrate_default(
         log=log,
     )
     return policy.save(out)
+
+
+def ensure_default_canaries(log: Log = _stderr) -> Path:
+    """The default canary set (``$VIGIL_HOME/data/canaries.jsonl``), built from the training
+    split of the default AgentDojo data on first use."""
+    from dashboards.canary import build_canary_set, default_canary_path
+
+    path = default_canary_path()
+    if not path.exists():
+        src = default_paths()["agentdojo"]
+        if not (src / "manifest.json").exists():
+            from worldmodel.agentdojo_data import build_agentdojo
+
+            log(f"vigil: building AgentDojo transitions -> {src} (~2 min)")
+            build_agentdojo(src)
+        n = build_canary_set([src], path)
+        log(f"vigil: built {n} canaries from the training split -> {path}")
+    return path

@@ -16,7 +16,8 @@ EPILOG = textwrap.dedent(
                   vigil.escalations (tier 2), vigil.verdicts.rollout
       review      vigil.escalations (tier 2) -> L2 -> vigil.scores, tier-3 escalations,
                   and a page through the paging service
-      all         the three, as threads of one process (default)
+      recall      vigil.labels + vigil.scores -> recall per tier (vigil_labelled_steps_total)
+      all         the four, as threads of one process (default)
 
     examples:
       monitor paging token create --role producer --name worker      # once
@@ -25,6 +26,14 @@ EPILOG = textwrap.dedent(
       monitor stream --role screen --batch-size 128                  # one more screen member
       monitor stream --role review --policy ~/policy.json
       monitor stream --idle-timeout 10     # stop after 10 s without input (tests, demos)
+      monitor stream --metrics-port 9108 --canary-rate 0.01   # /metrics, 1 canary per 100 steps
+
+    metrics and canaries:
+      --metrics-port serves Prometheus metrics on http://HOST:PORT/metrics (names in the
+      README). --canary-rate R injects R known-harmful canary trajectories per real step
+      (from --canaries, default $VIGIL_HOME/data/canaries.jsonl, built from the training
+      split on first use); canaries are screened like real steps, never paged and never in
+      a rollout verdict, and their recall is on the dashboards.
 
     environment:
       VIGIL_PAGING_URL, VIGIL_PAGING_TOKEN   the paging service and a producer token
@@ -44,7 +53,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
     from monitor import cli
 
-    roles = ("reassemble", "screen", "review") if args.role == "all" else (args.role,)
+    roles = ("reassemble", "screen", "review", "recall") if args.role == "all" else (args.role,)
     paging_url = args.paging_url or os.environ.get("VIGIL_PAGING_URL")
     paging_token = args.paging_token or os.environ.get("VIGIL_PAGING_TOKEN")
     if paging_url and not paging_token:
@@ -54,6 +63,10 @@ def cmd_stream(args: argparse.Namespace) -> int:
         )
     if args.batch_size < 1:
         raise StreamCliError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if not 0.0 <= args.canary_rate <= 1.0:
+        raise StreamCliError(f"--canary-rate must be in [0, 1], got {args.canary_rate}")
+    if args.canary_rate > 0 and "screen" not in roles:
+        raise StreamCliError("--canary-rate needs the screen stage (--role screen or all)")
     try:
         settings = cli._kafka_settings(args)
         cli._check_reachable(settings)
@@ -82,6 +95,36 @@ def cmd_stream(args: argparse.Namespace) -> int:
             paging = PagingClient(paging_url, paging_token)
         else:
             report("vigil stream: no --paging-url: tier-3 steps go to the escalations topic only")
+    canaries = None
+    if args.canary_rate > 0:
+        from dashboards.canary import CanaryInjector, load_canary_set
+        from monitor.defaults import ensure_default_canaries
+
+        path = args.canaries or ensure_default_canaries(log=report)
+        canaries = CanaryInjector(load_canary_set(path), args.canary_rate)
+        report(f"vigil stream: injecting canaries at {args.canary_rate:g} per step "
+               f"({len(canaries.canaries)} in {path})")
+    metrics = None
+    if args.metrics_port is None and os.environ.get("VIGIL_METRICS_PORT"):
+        try:
+            args.metrics_port = int(os.environ["VIGIL_METRICS_PORT"])
+        except ValueError:
+            got = os.environ["VIGIL_METRICS_PORT"]
+            raise StreamCliError(f"VIGIL_METRICS_PORT must be a port number, got {got!r}") from None
+    if args.metrics_port is not None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from dashboards.metrics import WorkerMetrics
+
+        registry = CollectorRegistry()
+        metrics = WorkerMetrics(registry)
+        try:
+            start_http_server(args.metrics_port, addr=args.metrics_host, registry=registry)
+        except OSError as e:
+            raise StreamCliError(
+                f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e}"
+            ) from None
+        report(f"vigil stream: metrics on http://{args.metrics_host}:{args.metrics_port}/metrics")
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -105,6 +148,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
         paging=paging,
         stop=stop,
         report=report,
+        metrics=metrics,
+        canaries=canaries,
     )
     return worker.run()
 
@@ -120,7 +165,8 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(fn=cmd_stream)
-    p.add_argument("--role", choices=["all", "screen", "review", "reassemble"], default="all",
+    p.add_argument("--role", choices=["all", "screen", "review", "reassemble", "recall"],
+                   default="all",
                    help="which stage(s) to run (default: all, as threads)")
     p.add_argument("--policy", metavar="PATH",
                    help="calibrated policy (default: $VIGIL_HOME/models/policy.json, built on "
@@ -139,3 +185,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="stop once every stage has had no input for this long (default: run "
                    "until SIGTERM)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on this port (default: $VIGIL_METRICS_PORT; "
+                   "unset: no /metrics)")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--canary-rate", type=float, default=0.0, metavar="R",
+                   help="canary trajectories injected per real step (default 0: none)")
+    p.add_argument("--canaries", metavar="PATH",
+                   help="canary set (JSON Lines trajectories; default: "
+                   "$VIGIL_HOME/data/canaries.jsonl, built from the training split)")

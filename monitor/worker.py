@@ -45,20 +45,32 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from streams.bus import Bus, Message
 from streams.config import Topics
 from streams.processor import Output, Positions, ProcessorStats, RetryLater, StreamProcessor
-from streams.records import Escalation, Record, RolloutVerdict, Score, Step, StepEvent
+from streams.records import (
+    Escalation,
+    LabelRecord,
+    Record,
+    RolloutVerdict,
+    Score,
+    Source,
+    Step,
+    StepEvent,
+)
 
 if TYPE_CHECKING:
+    from dashboards.canary import CanaryInjector
+    from dashboards.ground_truth import LabelJoin
+    from dashboards.metrics import WorkerMetrics
     from monitor.pipeline import Screener, StepVerdict
     from monitor.screening import ScreenStep
     from streams.rollouts import TreeSummary
 
 Report = Callable[[str], None]
-ROLES = ("screen", "review", "reassemble")
+ROLES = ("screen", "review", "reassemble", "recall")
 
 
 def _stderr(msg: str) -> None:
@@ -87,6 +99,7 @@ class WorkerStats:
     verdicts: int = 0
     quarantined: int = 0
     trees: int = 0
+    canaries: int = 0  # canary steps screened
     dead_letters: dict[str, int] = field(default_factory=dict)  # per stage
     retries: dict[str, int] = field(default_factory=dict)  # per stage: batches consumed again
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -117,6 +130,7 @@ class WorkerStats:
                 f"L3 {r[3]}), reviewed {self.reviewed}, {self.pages} pages, "
                 f"{self.verdicts} rollout verdicts ({self.quarantined} quarantined), "
                 f"{dl} dead letters" + (f", {retried} batches retried" if retried else "")
+                + (f", {self.canaries} canary steps" if self.canaries else "")
             )
 
 
@@ -198,6 +212,11 @@ class ScreenedStep:
 class ScreenStage:
     """L0 on every step, L1 on what L0 escalates; tier-2 steps go to the escalations topic.
 
+    With ``canaries``, every batch of real steps brings canary trajectories onto the same
+    steps topic (``dashboards.canary``); they are screened like any step when they come
+    back, but give no rollout verdict. Every labelled step (replayed benchmark data,
+    canaries) has its label published to the labels topic for the recall stage.
+
     Use :meth:`processor` for the ``StreamProcessor`` over both steps topics.
     """
 
@@ -207,6 +226,8 @@ class ScreenStage:
         topics: Topics,
         *,
         stats: WorkerStats | None = None,
+        metrics: WorkerMetrics | None = None,
+        canaries: CanaryInjector | None = None,
         history_trajectories: int = 10_000,
         max_open_executions: int = 10_000,
         on_step: Callable[[ScreenedStep], None] | None = None,
@@ -215,12 +236,15 @@ class ScreenStage:
         self.screener = screener
         self.topics = topics
         self.stats = stats or WorkerStats()
+        self.metrics = metrics
+        self.canaries = canaries
         self.history = TrajectoryHistory(history_trajectories)
         self.max_open_executions = max_open_executions
         self.on_step = on_step
         self.report = report
         self._open: OrderedDict[str, _Execution] = OrderedDict()
         self._l1_signals = set(screener.policy.config.tiers[1].signals)
+        self._canaries_seen: OrderedDict[str, None] = OrderedDict()  # redelivered re-injections
 
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 64) -> StreamProcessor:
         return StreamProcessor(
@@ -241,14 +265,29 @@ class ScreenStage:
                 held[tp] = min(held.get(tp, off), off)
         return held
 
-    def handle_batch(self, items: list[tuple[Record, Message]]) -> list[Output]:
-        from monitor.screening import screen_step_of
+    def _fresh(self, items: list[tuple[Record, Message]]) -> list[tuple[StepEvent, Message]]:
+        """The batch's step events, less canary steps already screened (a redelivered batch
+        upstream re-injects the same canary instances)."""
+        from dashboards.canary import is_canary
 
         events: list[tuple[StepEvent, Message]] = []
         for rec, m in items:
             if not isinstance(rec, StepEvent):  # pragma: no cover - the models map admits these
                 raise TypeError(f"expected a step event, got {rec.kind}")
+            if is_canary(rec.meta):
+                key = f"{rec.trajectory_id}/{rec.step.step_id}"
+                if key in self._canaries_seen:
+                    continue
             events.append((rec, m))
+        return events
+
+    def handle_batch(self, items: list[tuple[Record, Message]]) -> list[Output]:
+        from dashboards.canary import is_canary
+        from monitor.screening import screen_step_of
+
+        events = self._fresh(items)
+        if not events:
+            return []
         # every step's history: what is stored plus the earlier steps of this batch
         pending: dict[str, OrderedDict[str, tuple[Step, str | None]]] = {}
         steps: list[ScreenStep] = []
@@ -258,11 +297,14 @@ class ScreenStage:
             pending.setdefault(e.trajectory_id, OrderedDict())[e.step.step_id] = (
                 e.step, parent if isinstance(parent, str) else None
             )
+        spent = dict(self.screener.timings)
         verdicts = self.screener.screen(steps, through=1)  # may raise: nothing changed yet
         now = time.time()
+        canary = [is_canary(e.meta) for e, _ in events]
         outputs: list[Output] = []
-        for (e, _m), st, v in zip(events, steps, verdicts, strict=True):
+        for (e, _m), st, v, c in zip(events, steps, verdicts, canary, strict=True):
             outputs.extend(self._outputs(e, st, v, now))
+            outputs.extend(self._label(e, c, now))
             if self.on_step is not None:
                 self.on_step(ScreenedStep(e, v))
         # state changes only once the whole batch is scored
@@ -271,10 +313,78 @@ class ScreenStage:
         for e, _ in events:
             if e.final:  # the trajectory is over: its history is not needed any more
                 self.history.forget(e.trajectory_id)
-        for (e, m), v in zip(events, verdicts, strict=True):
+        for (e, m), v, c in zip(events, verdicts, canary, strict=True):
+            if c:
+                self._canaries_seen[f"{e.trajectory_id}/{e.step.step_id}"] = None
+                if e.source == "rollout" and e.final and self.metrics is not None:
+                    self.metrics.canaries_suppressed.labels(what="verdict").inc()
+                continue  # a canary never reaches a trainer's admission
             outputs.extend(self._track_rollout(e, m, v, now))
-        self.stats.add_tiers(v.tier for v in verdicts)
+        while len(self._canaries_seen) > 100_000:
+            self._canaries_seen.popitem(last=False)
+        outputs.extend(self._inject(events, canary))
+        self.stats.add_tiers((v.tier for v, c in zip(verdicts, canary, strict=True) if not c))
+        self.stats.add("canaries", sum(canary))
+        if self.metrics is not None:
+            self._observe(events, verdicts, canary, spent)
         return outputs
+
+    def _label(self, e: StepEvent, canary: bool, now: float) -> list[Output]:
+        """The step's own label (replayed benchmark data, canaries) for the recall stage."""
+        if e.step.label is None:
+            return []
+        from dashboards.canary import canary_of
+
+        tag = canary_of(e.meta) or {}
+        category = e.step.category or (tag.get("category") if e.step.label == 1 else None)
+        origin: Literal["canary", "dataset"] = "canary" if canary else "dataset"
+        rec = LabelRecord(trajectory_id=e.trajectory_id, step_id=e.step.step_id,
+                          label=e.step.label, category=category, origin=origin,
+                          created_at=now)
+        return [Output(self.topics.labels, rec, key=e.trajectory_id,
+                       idempotency_key=f"{e.trajectory_id}/{e.step.step_id}/label/{origin}")]
+
+    def _inject(self, events: list[tuple[StepEvent, Message]], canary: list[bool]) -> list[Output]:
+        """Canary trajectories for this batch's real steps, onto the topic they came from."""
+        if self.canaries is None or self.canaries.rate <= 0:
+            return []
+        from dashboards.canary import canary_events
+
+        first: dict[str, Message] = {}
+        real: dict[str, int] = {}
+        for (_e, m), c in zip(events, canary, strict=True):
+            if c:
+                continue
+            first.setdefault(m.topic, m)
+            real[m.topic] = real.get(m.topic, 0) + 1
+        out: list[Output] = []
+        for topic, n in real.items():
+            m = first[topic]
+            stream: Source = "rollout" if topic == self.topics.steps_rollout else "deployment"
+            for got, instance in self.canaries.draw(n, f"{topic}/{m.partition}/{m.offset}"):
+                evs = canary_events(got, instance, stream)
+                for ev in evs:
+                    out.append(Output(topic, ev, key=ev.trajectory_id,
+                                      idempotency_key=f"{ev.trajectory_id}/{ev.step.step_id}"))
+                if self.metrics is not None:
+                    self.metrics.canaries.labels(stream=stream).inc(len(evs))
+        return out
+
+    def _observe(self, events: list[tuple[StepEvent, Message]], verdicts: list[StepVerdict],
+                 canary: list[bool], spent: Mapping[str, float]) -> None:
+        m = self.metrics
+        assert m is not None
+        took = {t: self.screener.timings.get(f"L{t}", 0.0) - spent.get(f"L{t}", 0.0)
+                for t in (0, 1)}
+        for (e, _), v, c in zip(events, verdicts, canary, strict=True):
+            flag = "true" if c else "false"
+            for t in range(min(v.tier, 2) + 1):
+                m.steps.labels(stream=e.source, tier=str(t), canary=flag).inc()
+            m.tier_latency.labels(tier="0").observe(took[0])
+            if v.tier >= 1:
+                m.tier_latency.labels(tier="1").observe(took[1])
+            if v.tier >= 2:
+                m.escalations.labels(stream=e.source, tier="2").inc()
 
     def _outputs(self, e: StepEvent, st: ScreenStep, v: StepVerdict, now: float) -> list[Output]:
         tid, sid = e.trajectory_id, e.step.step_id
@@ -337,6 +447,8 @@ class ScreenStage:
             self.stats.add("verdicts")
             if verdict.quarantine:
                 self.stats.add("quarantined")
+            if self.metrics is not None:
+                self.metrics.verdicts.labels(quarantine=str(verdict.quarantine).lower()).inc()
             self.report(
                 f"rollout {eid}: {'QUARANTINE' if verdict.quarantine else 'admit'}"
                 + (f" ({'; '.join(verdict.reasons[:3])})" if verdict.reasons else "")
@@ -461,12 +573,14 @@ class ReviewStage:
         *,
         paging: PagingClient | None,
         stats: WorkerStats | None = None,
+        metrics: WorkerMetrics | None = None,
         report: Report = _stderr,
     ) -> None:
         self.screener = screener
         self.topics = topics
         self.paging = paging
         self.stats = stats or WorkerStats()
+        self.metrics = metrics
         self.report = report
 
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 16) -> StreamProcessor:
@@ -481,6 +595,9 @@ class ReviewStage:
         )
 
     def handle_batch(self, items: list[tuple[Record, Message]]) -> list[Output]:
+        """Review each tier-2 escalation; page the ones the L3 gate passes, except canaries
+        (their tier-2 score says they reached L3; no human sees them)."""
+        from dashboards.canary import is_canary
         from monitor.screening import ScreenStep
 
         todo: list[Escalation] = []
@@ -502,7 +619,9 @@ class ReviewStage:
         if not todo:
             return []
         steps = [ScreenStep.from_trajectory_so_far(e.trajectory) for e in todo]  # type: ignore[arg-type]
+        spent = self.screener.timings.get("L2", 0.0)
         verdicts = self.screener.review(steps, [e.signals for e in todo])
+        took = self.screener.timings.get("L2", 0.0) - spent
         thresholds = [g.threshold for g in self.screener.policy.gates]
         now = time.time()
         outputs: list[Output] = []
@@ -516,7 +635,13 @@ class ReviewStage:
                           **common)
             outputs.append(Output(self.topics.scores, score, key=e.trajectory_id,
                                   idempotency_key=score.idempotency_key))
-            if v.tier >= 3:
+            canary = e.trajectory is not None and is_canary(e.trajectory.meta)
+            if self.metrics is not None:
+                self._observe(e, v, canary, took)
+            if v.tier >= 3 and canary:
+                if self.metrics is not None:
+                    self.metrics.canaries_suppressed.labels(what="page").inc()
+            elif v.tier >= 3:
                 up = Escalation(tier=3, score=_clip01(p), signals=signals,
                                 reason=f"L2 gate {p:.3f} >= threshold {thresholds[2]:.3f}",
                                 trajectory=e.trajectory, **common)
@@ -527,11 +652,58 @@ class ReviewStage:
             for e, v in pages:  # a PagingUnavailable leaves the batch uncommitted
                 msg = self.paging.trigger(page_event(e, v, thresholds))
                 self.report(f"PAGE {e.trajectory_id}/{e.step_id} (harm {v.score:.2f}): {msg}")
+                if self.metrics is not None:
+                    result = "deduplicated" if "dedup" in msg.lower() else "opened"
+                    self.metrics.pages.labels(result=result).inc()
         elif pages:
             self.report(f"{len(pages)} step(s) reached L3 but no paging service is configured")
         self.stats.add("reviewed", len(todo))
         self.stats.add("pages", len(pages))
         return outputs
+
+    def _observe(self, e: Escalation, v: StepVerdict, canary: bool, took: float) -> None:
+        m = self.metrics
+        assert m is not None
+        m.tier_latency.labels(tier="2").observe(took)
+        if v.tier >= 3:
+            m.steps.labels(stream=e.source, tier="3", canary=str(canary).lower()).inc()
+            if not canary:
+                m.escalations.labels(stream=e.source, tier="3").inc()
+        r = v.review
+        if r is not None:
+            m.reviews.labels(backend=r.backend, outcome="error" if r.error else "ok").inc()
+            if r.cost:
+                m.reviewer_cost.labels(backend=r.backend).inc(r.cost)
+
+
+class RecallStage:
+    """Joins the labels topic (dataset, canary and human labels) with the scores topic
+    (how far each step went) into ``vigil_labelled_steps_total`` (``dashboards.ground_truth``).
+
+    It publishes nothing; its state (the last ``max_steps`` steps) is rebuilt from
+    where its group last committed after a restart.
+    """
+
+    def __init__(self, topics: Topics, join: LabelJoin) -> None:
+        self.topics = topics
+        self.join = join
+
+    def processor(self, bus: Bus, group_id: str, *, batch_size: int = 500) -> StreamProcessor:
+        return StreamProcessor(
+            bus,
+            {self.topics.scores: Score, self.topics.labels: LabelRecord},
+            group_id,
+            handler=self.handle,
+            deadletter_topic=self.topics.deadletter,
+            batch_size=batch_size,
+        )
+
+    def handle(self, rec: Record, _m: Message) -> list[Output]:
+        if isinstance(rec, Score):
+            self.join.on_score(rec)
+        elif isinstance(rec, LabelRecord):
+            self.join.on_label(rec)
+        return []
 
 
 # --- the loaders ------------------------------------------------------------------------
@@ -565,6 +737,7 @@ class WorkerConfig:
     idle_timeout_s: float | None = None  # stop a stage after this long without input
     stats_every_s: float = 5.0
     grace_s: float = 1.0  # TITO: wait this long after an execution's end for late calls
+    recall_max_steps: int = 200_000  # the recall stage remembers this many steps' tiers
 
     def group_of(self, role: str) -> str:
         return f"{self.group}-{'reassembly' if role == 'reassemble' else role}"
@@ -590,6 +763,8 @@ class Worker:
         report: Report = _stderr,
         on_step: Callable[[ScreenedStep], None] | None = None,
         on_tree: Callable[[TreeSummary], None] | None = None,
+        metrics: WorkerMetrics | None = None,
+        canaries: CanaryInjector | None = None,
     ) -> None:
         unknown = set(config.roles) - set(ROLES)
         if unknown:
@@ -603,9 +778,12 @@ class Worker:
         self.stop = stop or threading.Event()
         self.report = report
         self.stats = WorkerStats()
+        self.metrics = metrics
         self.errors: list[tuple[str, BaseException]] = []
         self._done: dict[str, threading.Event] = {r: threading.Event() for r in config.roles}
         self._stages: dict[str, Callable[[Bus], StreamProcessor]] = {}
+        self._dead_seen: dict[str, dict[str, int]] = {}
+        self.recall: RecallStage | None = None
         topics, bs = config.topics, config.batch_size
         if "reassemble" in config.roles:
             from streams.rollouts import reassembly_processor
@@ -622,18 +800,32 @@ class Worker:
         if "screen" in config.roles:
             assert screener is not None
             screen = ScreenStage(screener, topics, stats=self.stats, report=report,
-                                 on_step=on_step)
+                                 on_step=on_step, metrics=metrics, canaries=canaries)
             self._stages["screen"] = lambda bus: screen.processor(
                 bus, config.group_of("screen"), batch_size=bs)
         if "review" in config.roles:
             rs = review_screener or screener
             assert rs is not None
-            review = ReviewStage(rs, topics, paging=paging, stats=self.stats, report=report)
+            review = ReviewStage(rs, topics, paging=paging, stats=self.stats, report=report,
+                                 metrics=metrics)
             self._stages["review"] = lambda bus: review.processor(
                 bus, config.group_of("review"), batch_size=max(1, min(bs, 16)))
+        if "recall" in config.roles:
+            from dashboards.ground_truth import LabelJoin
+            from dashboards.metrics import WorkerMetrics
+
+            if self.metrics is None:  # the counts need somewhere to go
+                from prometheus_client import CollectorRegistry
+
+                self.metrics = WorkerMetrics(CollectorRegistry())
+            recall = RecallStage(topics, LabelJoin(self.metrics, config.recall_max_steps))
+            self.recall = recall
+            self._stages["recall"] = lambda bus: recall.processor(
+                bus, config.group_of("recall"))
 
     def _upstream_done(self, role: str) -> bool:
-        up = {"reassemble": (), "screen": ("reassemble",), "review": ("reassemble", "screen")}
+        up = {"reassemble": (), "screen": ("reassemble",), "review": ("reassemble", "screen"),
+              "recall": ("reassemble", "screen", "review")}
         return all(self._done[r].is_set() for r in up[role] if r in self._done)
 
     def _run_stage(self, role: str) -> None:
@@ -645,11 +837,16 @@ class Worker:
             def on_batch(s: ProcessorStats) -> None:
                 nonlocal last_line
                 self.stats.sync(role, s)
+                if self.metrics is not None:
+                    self._observe_batch(role, proc)
                 if time.monotonic() - last_line >= self.config.stats_every_s:
                     last_line = time.monotonic()
                     self.report(self.stats.line())
 
             proc.on_batch = on_batch
+            if self.metrics is not None:
+                m = self.metrics
+                proc.on_lag = lambda lags: m.observe_lag(role, lags)
             proc.on_assigned = lambda: self.report(
                 f"vigil stream: {role} stage joined group {proc.group_id}")
             while not self.stop.is_set():
@@ -667,6 +864,21 @@ class Worker:
                 bus.close()
             except Exception as e:  # the stage already failed or finished; say so, do not mask
                 self.report(f"vigil stream: closing the {role} stage's bus failed: {e}")
+
+    def _observe_batch(self, role: str, proc: StreamProcessor) -> None:
+        """Dead letters since the last batch, and each input's produce-to-published time."""
+        m = self.metrics
+        assert m is not None
+        seen = self._dead_seen.setdefault(role, {})
+        for reason, n in list(proc.stats.reasons.items()):
+            if n > seen.get(reason, 0):
+                m.deadletters.labels(stage=role, reason=reason).inc(n - seen.get(reason, 0))
+                seen[reason] = n
+        now_ms = time.time() * 1000
+        hist = m.step_latency.labels(stage=role)
+        for msg in proc.last_batch:
+            if msg.timestamp_ms > 0:
+                hist.observe(max(0.0, now_ms - msg.timestamp_ms) / 1000)
 
     def run(self) -> int:
         """Run every stage until stopped (or idle); 0 if all ended cleanly, 1 otherwise."""

@@ -59,6 +59,10 @@ class Consumer(Protocol):
 
     def close(self) -> None: ...
 
+    def lags(self) -> dict[tuple[str, int], int]:
+        """Records behind the high-water mark, per assigned partition (known ones only)."""
+        ...
+
     @property
     def assigned(self) -> bool:
         """Whether the group has given this member its partitions yet."""
@@ -260,6 +264,13 @@ class InMemoryConsumer:
             committed = self.bus._committed[self.group_id]
             for tp, nxt in positions.items():
                 committed[tp] = nxt
+
+    def lags(self) -> dict[tuple[str, int], int]:
+        with self.bus._cond:
+            return {
+                tp: max(0, len(self.bus._logs[tp[0]].partitions[tp[1]]) - pos)
+                for tp, pos in self._assignment.items()
+            }
 
     def close(self) -> None:
         if not self._closed:

@@ -155,14 +155,19 @@ class KafkaBusConsumer:
         if offsets:
             self._c.commit(offsets)
 
-    def lag(self) -> int:
-        """Records behind the high watermark on this member's partitions."""
-        total = 0
+    def lags(self) -> dict[tuple[str, int], int]:
+        """Records behind the high watermark, per assigned partition whose watermark the
+        last fetch reported (``consumer.highwater``: Tansu does not answer ``end_offsets``)."""
+        out: dict[tuple[str, int], int] = {}
         for tp in self._c.assignment():
             hw = self._c.highwater(tp)
             if hw is not None:
-                total += max(0, hw - self._c.position(tp))
-        return total
+                out[(tp.topic, tp.partition)] = max(0, hw - self._c.position(tp))
+        return out
+
+    def lag(self) -> int:
+        """Records behind the high watermark on this member's partitions."""
+        return sum(self.lags().values())
 
     def close(self) -> None:
         self._c.close(autocommit=False)

@@ -145,6 +145,10 @@ class StreamProcessor:
         self.hold = hold
         self.on_batch = on_batch
         self.on_assigned: Callable[[], None] | None = None  # called once partitions arrive
+        # called at most every ``lag_every_s`` with the input lag per partition (metrics)
+        self.on_lag: Callable[[Mapping[tuple[str, int], int]], None] | None = None
+        self.lag_every_s = 1.0
+        self.last_batch: Sequence[Message] = ()  # the batch ``on_batch`` reports on
         self.stats = ProcessorStats()
         self._seen: dict[tuple[str, int], int] = {}  # next offset after the last polled
         self._committed: dict[tuple[str, int], int] = {}
@@ -250,6 +254,7 @@ class StreamProcessor:
         consumer = self.bus.consumer(list(self.models), self.group_id)
         backoff = retry_backoff_s
         last_input: float | None = None
+        last_lag = 0.0
         announced = False
         try:
             while not (stop and stop.is_set()):
@@ -290,8 +295,12 @@ class StreamProcessor:
                 if batch or self.tick:
                     self.bus.flush()  # outputs acknowledged ...
                     self._commit(consumer)  # ... before the inputs are committed
+                if self.on_lag and time.monotonic() - last_lag >= self.lag_every_s:
+                    last_lag = time.monotonic()
+                    self.on_lag(consumer.lags())
                 if batch:
                     self.stats.batches += 1
+                    self.last_batch = batch
                     if self.on_batch:
                         self.on_batch(self.stats)
                 elif (

@@ -25,6 +25,7 @@ from starlette.middleware.sessions import SessionMiddleware
 
 from monitor.service.api.main import api_router
 from monitor.service.db import make_engine, make_sessionmaker, upgrade_database, utcnow
+from monitor.service.metrics import add_metrics
 from monitor.service.paging import PagingError
 from monitor.service.scheduler import Scheduler
 from monitor.service.screen import ScreenQueue
@@ -115,6 +116,7 @@ def create_app(
     app.include_router(api_router())
     app.include_router(web.router)
     _add_health(app)
+    add_metrics(app, sessions)
     _add_error_handlers(app)
     app.add_middleware(SessionMiddleware, secret_key=secret, session_cookie="vigil_session",
                        max_age=settings.session_max_age_s, same_site="lax",
@@ -190,7 +192,7 @@ def _first_error(errors: list[Any]) -> str:
 
 def _wants_html(request: Request) -> bool:
     path = request.url.path
-    return not path.startswith(("/api/", "/v1/")) and path != "/healthz"
+    return not path.startswith(("/api/", "/v1/")) and path not in ("/healthz", "/metrics")
 
 
 def _add_error_handlers(app: FastAPI) -> None:

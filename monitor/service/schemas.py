@@ -154,6 +154,11 @@ class CaseDetails(Schema):
         t = self.trajectory
         if t is None:
             return self
+        if isinstance(t.meta.get("vigil_canary"), dict):
+            raise ValueError(
+                "the trajectory is a canary (meta.vigil_canary): canaries measure recall and "
+                "are never paged to a human"
+            )
         if self.trajectory_id is None:
             self.trajectory_id = t.trajectory_id
         elif self.trajectory_id != t.trajectory_id:
