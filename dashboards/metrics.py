@@ -95,6 +95,23 @@ class WorkerMetrics:
             self.tier_latency.labels(tier=str(tier))
         for flag in ("true", "false"):
             self.verdicts.labels(quarantine=flag)
+        for stream in STREAMS:
+            for tier in (2, 3):
+                self.escalations.labels(stream=stream, tier=str(tier))
+        for stage in ("reassemble", "screen", "review", "recall"):
+            self.step_latency.labels(stage=stage)
+        for result in ("opened", "deduplicated"):
+            self.pages.labels(result=result)
+        for stream in ("rollout", "deployment"):
+            self.canaries.labels(stream=stream)
+        for what in ("verdict", "page"):
+            self.canaries_suppressed.labels(what=what)
+
+    def init_reviewer(self, backend: str) -> None:
+        """Zero series for a review stage's reviewer (``none`` when it has none)."""
+        for outcome in ("ok", "error"):
+            self.reviews.labels(backend=backend, outcome=outcome)
+        self.reviewer_cost.labels(backend=backend)
 
     def observe_lag(self, stage: str, lags: Mapping[tuple[str, int], int]) -> None:
         for (topic, partition), n in lags.items():

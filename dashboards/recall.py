@@ -56,4 +56,6 @@ def wilson_interval(caught: float, total: float, z: float = 1.96) -> tuple[float
     z2 = z * z
     centre = (p + z2 / (2 * total)) / (1 + z2 / total)
     half = z * ((p * (1 - p) / total + z2 / (4 * total * total)) ** 0.5) / (1 + z2 / total)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lower = 0.0 if caught <= 0 else max(0.0, min(p, centre - half))
+    upper = 1.0 if caught >= total else min(1.0, max(p, centre + half))
+    return lower, upper

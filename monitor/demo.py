@@ -67,8 +67,15 @@ class PagingServer:
 
 
 @contextmanager
-def paging_server(folder: Path, *, console: TextIO | None = None) -> Iterator[PagingServer]:
-    """Run the paging service under uvicorn in a thread (SQLite under ``folder``)."""
+def paging_server(
+    folder: Path,
+    *,
+    console: TextIO | None = None,
+    bus: Bus | None = None,
+    labels_topic: str | None = None,
+) -> Iterator[PagingServer]:
+    """Run the paging service under uvicorn in a thread (SQLite under ``folder``); with a
+    ``bus``, verdicts are published to ``labels_topic``."""
     import uvicorn
     from pydantic import SecretStr
 
@@ -82,10 +89,11 @@ def paging_server(folder: Path, *, console: TextIO | None = None) -> Iterator[Pa
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    settings = PagingSettings(database_url=url, public_url=base, publish_labels=False,
+    settings = PagingSettings(database_url=url, public_url=base, publish_labels=bus is not None,
+                              labels_topic=labels_topic,
                               secret_key=SecretStr("vigil-demo-session-key"),
                               poll_interval_s=0.2)
-    app = create_app(settings, console=console or io.StringIO())
+    app = create_app(settings, console=console or io.StringIO(), bus=bus)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
                               name="vigil-paging")
