@@ -90,3 +90,16 @@ class LabelJoin:
         st.labels[label.origin] = (int(label.label), category)
         self.stats.counted += 1
         self._count(st, label.origin, int(label.label), category, range(0, st.reached + 1))
+
+
+def reached_counts(metrics: WorkerMetrics, label: int = 1) -> dict[str, list[int]]:
+    """Per origin, how many steps labelled ``label`` reached tiers 0..3 (this process's
+    counts since it started: ``[screened, reached L1, reached L2, reached L3]``)."""
+    out: dict[str, list[int]] = {}
+    for metric in metrics.registry.collect():
+        for s in metric.samples:
+            if s.name != "vigil_labelled_steps_total" or s.labels.get("label") != str(label):
+                continue
+            row = out.setdefault(s.labels["origin"], [0, 0, 0, 0])
+            row[int(s.labels["tier"])] += int(s.value)
+    return out

@@ -199,10 +199,13 @@ def _step_line(s: ScreenedStep) -> str:
 
 
 def step_tiers(scores: list[Message], escalations: list[Message]) -> dict[str, int]:
-    """The tier each step reached (``trajectory/step`` -> 0-3), from the output topics."""
+    """The tier each step reached (``trajectory/step`` -> 0-3), from the output topics
+    (canary steps left out)."""
     reached: dict[str, int] = {}
     for m in [*scores, *escalations]:
         obj = json.loads(m.value)
+        if str(obj["trajectory_id"]).startswith("canary/"):
+            continue
         key = f"{obj['trajectory_id']}/{obj['step_id']}"
         if "reason" in obj:  # an escalation to tier k
             t = int(obj["tier"])
@@ -223,8 +226,12 @@ def run_demo(
     seed: int = 0,
     out: TextIO | None = None,
     timeout_s: float = 600.0,
+    canary_rate: float = 0.1,
 ) -> int:
-    """Run the demo; ``policy`` skips preparing the defaults (tests give a tiny one)."""
+    """Run the demo; ``policy`` skips preparing the defaults (tests give a tiny one).
+
+    Where the default AgentDojo data exists, canaries from its training split are injected
+    at ``canary_rate`` per step, and the summary gives their recall per tier."""
     from monitor.defaults import default_paths, prepare_defaults
     from monitor.pipeline import load_screener
     from monitor.worker import PagingClient, Worker, WorkerConfig
@@ -249,6 +256,20 @@ def run_demo(
     dataset = default_paths()["agentdojo"] / "trajectories.jsonl"
     say(f"vigil demo: loading the screener ({policy}) ...")
     screener = load_screener(policy)
+    from prometheus_client import CollectorRegistry
+
+    from dashboards.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics(CollectorRegistry())
+    canaries = None
+    if dataset.exists() and canary_rate > 0:
+        from dashboards.canary import CanaryInjector, load_canary_set
+        from monitor.defaults import ensure_default_canaries
+
+        path = ensure_default_canaries(log=say)
+        canaries = CanaryInjector(load_canary_set(path), canary_rate)
+        say(f"vigil demo: injecting canaries at {canary_rate:g} per step "
+            f"({len(canaries.canaries)} from the training split, {path})")
     say("vigil demo: starting the embedded broker (Tansu, memory only) ...")
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="vigil-demo-") as tmp:
         settings = KafkaSettings(bootstrap_servers=broker.bootstrap_servers,
@@ -282,6 +303,8 @@ def run_demo(
                 report=lambda msg: say(f"  {msg}"),
                 on_step=lambda s: say(_step_line(s)),
                 on_tree=show_tree,
+                metrics=metrics,
+                canaries=canaries,
             )
             runner = threading.Thread(target=worker.run, name="vigil-worker", daemon=True)
             runner.start()
@@ -330,6 +353,7 @@ def run_demo(
             pages = paging.pages()
         bus.close()
     _summary(say, flowed, topics, labels, pages)
+    _recall_summary(say, metrics)
     say("\nbroker and paging service stopped.")
     return 1 if worker.errors else 0
 
@@ -393,3 +417,21 @@ def _summary(
             rec = sum(tiers[x] >= k for x in harmful) / len(harmful)
             fpr = sum(tiers[x] >= k for x in benign) / len(benign)
             say(f"    reaching L{k}: recall {rec:.0%} of harmful, {fpr:.0%} of benign")
+
+
+def _recall_summary(say: Any, metrics: Any) -> None:
+    """Recall per tier by source of ground truth, as the recall stage counted it."""
+    from dashboards.ground_truth import reached_counts
+    from dashboards.recall import wilson_interval
+
+    counts = reached_counts(metrics)
+    if not counts:
+        return
+    say("  recall by source of ground truth (harmful steps reaching each tier, 95 % Wilson):")
+    for origin, row in sorted(counts.items()):
+        cells = []
+        for k in (1, 2, 3):
+            ci = wilson_interval(row[k], row[0])
+            cells.append(f"L{k} {row[k]}/{row[0]}"
+                         + (f" [{ci[0]:.0%}, {ci[1]:.0%}]" if ci else ""))
+        say(f"    {origin:<8} " + ", ".join(cells))
