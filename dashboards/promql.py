@@ -13,7 +13,7 @@ formula in Python is :func:`dashboards.recall.wilson_interval`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 Z = 1.96  # 95 % two-sided
 
@@ -67,14 +67,45 @@ def recall_interval(tier: int, window: str, bound: str, *, by: Sequence[str] = (
                   bound)
 
 
+def _page_verdicts(window: str, verdict: str | None = None) -> str:
+    """Verdicts on pages in ``window``. ``max``, not ``sum``: every instance of the paging
+    service reads the same database and reports the same counts."""
+    sel = f'{{verdict="{verdict}"}}' if verdict else ""
+    return f"max(increase(vigil_page_verdicts_total{sel}[{window}]))" if verdict else (
+        f"max(sum by (instance) (increase(vigil_page_verdicts_total[{window}])))")
+
+
 def page_precision(window: str) -> str:
     """Share of human verdicts on pages that said harmful, over ``window``."""
-    harmful = 'sum(increase(vigil_page_verdicts_total{verdict="harmful"}[' + window + "]))"
-    total = "sum(increase(vigil_page_verdicts_total[" + window + "]))"
-    return f"{harmful} / {total}"
+    return f"{_page_verdicts(window, 'harmful')} / {_page_verdicts(window)}"
 
 
 def page_precision_interval(window: str, bound: str) -> str:
-    harmful = 'sum(increase(vigil_page_verdicts_total{verdict="harmful"}[' + window + "]))"
-    total = "sum(increase(vigil_page_verdicts_total[" + window + "]))"
-    return wilson(harmful, total, bound)
+    return wilson(_page_verdicts(window, "harmful"), _page_verdicts(window), bound)
+
+
+def per_tier(expr_of: Callable[[int], str], tiers: Sequence[int] = (1, 2, 3)) -> str:
+    """``expr_of(k)`` for every tier ``k`` as one vector, each series labelled ``tier="k"``.
+
+    For a table with a row per tier: ``per_tier(lambda k: recall(k, "1h", by=["origin"]))``.
+    """
+    return " or ".join(f'label_replace({expr_of(k)}, "tier", "{k}", "", "")' for k in tiers)
+
+
+def reached(tier: int, window: str, *, by: Sequence[str] = (), label: str = "1",
+            **match: str) -> str:
+    """:func:`labelled`, but 0 (rather than no series) for a group that screened steps of
+    ``label`` in ``window`` and had none reach ``tier``."""
+    return (f"({labelled(tier, window, by=by, label=label, **match)} or "
+            f"{labelled(0, window, by=by, label=label, **match)} * 0)")
+
+
+def reached_share(tier: int, window: str, *, label: str = "1", bound: str | None = None,
+                  by: Sequence[str] = (), **match: str) -> str:
+    """Recall (``label="1"``) or the false-positive rate (``label="0"``) at ``tier``, or its
+    Wilson ``bound``: :func:`recall` and :func:`false_positive_rate` with a tier nothing
+    reached reading 0 (a dashboard shows 0 %, not "no data"); no series only where no step
+    of ``label`` was screened."""
+    caught = reached(tier, window, by=by, label=label, **match)
+    total = labelled(0, window, by=by, label=label, **match)
+    return f"{caught} / {total}" if bound is None else wilson(caught, total, bound)

@@ -582,6 +582,9 @@ class ReviewStage:
         self.stats = stats or WorkerStats()
         self.metrics = metrics
         self.report = report
+        if metrics is not None:  # zero series, so dashboards show "0 reviews", not "no data"
+            rv = screener.reviewer
+            metrics.init_reviewer(str(getattr(getattr(rv, "config", None), "backend", "none")))
 
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 16) -> StreamProcessor:
         return StreamProcessor(

@@ -33,13 +33,13 @@ class PagingCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.sessions() as s:
-            by_state = dict(s.execute(select(Page.status, func.count()).group_by(Page.status))
-                            .tuples().all())
+            by_state = {k: n for k, n in s.execute(
+                select(Page.status, func.count()).group_by(Page.status))}
             opened = s.scalar(select(func.count()).select_from(Page)) or 0
-            verdicts = dict(s.execute(select(Verdict.harmful, func.count())
-                                      .group_by(Verdict.harmful)).tuples().all())
-            deliveries = dict(s.execute(select(DeliveryAttempt.ok, func.count())
-                                        .group_by(DeliveryAttempt.ok)).tuples().all())
+            verdicts = {bool(k): n for k, n in s.execute(
+                select(Verdict.harmful, func.count()).group_by(Verdict.harmful))}
+            deliveries = {bool(k): n for k, n in s.execute(
+                select(DeliveryAttempt.ok, func.count()).group_by(DeliveryAttempt.ok))}
         pages = GaugeMetricFamily("vigil_pages", "Pages by state now", labels=["state"])
         for state in sorted(set(STATES) | set(by_state)):
             pages.add_metric([state], by_state.get(state, 0))
