@@ -41,7 +41,8 @@ TIERS = (0, 1, 2, 3)
 TIER_NAMES = {0: "L0 screened", 1: "L1 probes", 2: "L2 reviewer", 3: "L3 human"}
 TIER_COLOURS = {0: "#9aa5b1", 1: "#4c78a8", 2: "#f58518", 3: "#b03030"}
 ALL = "all"  # the key of a dimension summed over
-UNKNOWN = "unknown"  # a stream or category nobody recorded
+UNKNOWN = "unknown"  # a stream or origin nobody recorded
+NO_CATEGORY = "none"  # a label without a category (as ``dashboards.ground_truth`` counts it)
 
 _DURATION = re.compile(r"^(?:\d+(?:ms|[smhdwy]))+$")
 _DURATION_PART = re.compile(r"(\d+)(ms|[smhdwy])")
@@ -305,37 +306,40 @@ def _read_screened(path: Path) -> dict[tuple[str, str], int]:
 class _StepLabel:
     label: int
     category: str
-    origin: str
 
 
-def _read_labels(paths: Sequence[Path]) -> tuple[dict[tuple[str, str], _StepLabel],
-                                                 dict[str, str], dict[str, _StepLabel]]:
-    """Step labels (later ones override), each trajectory's stream, trajectory-only labels."""
+_LabelKey = tuple[str, str, str]  # trajectory_id, step_id, origin
+
+
+def _read_labels(paths: Sequence[Path]) -> tuple[dict[_LabelKey, _StepLabel], dict[str, str],
+                                                 dict[tuple[str, str], _StepLabel]]:
+    """Step labels per origin (a later one overrides), each trajectory's stream, and labels
+    of whole trajectories (no step named) per (trajectory_id, origin)."""
     from streams.records import LabelRecord, RecordError, Trajectory, validate
 
-    labels: dict[tuple[str, str], _StepLabel] = {}
+    labels: dict[_LabelKey, _StepLabel] = {}
     streams: dict[str, str] = {}
-    whole: dict[str, _StepLabel] = {}  # trajectory_id -> its label, where no step is named
+    whole: dict[tuple[str, str], _StepLabel] = {}
     for path in paths:
         for n, obj in _json_lines(path, "labels"):
             try:
                 if "steps" in obj:
                     traj = validate(obj, Trajectory, line=n)
-                    streams[traj.trajectory_id] = traj.source
+                    tid = traj.trajectory_id
+                    streams[tid] = traj.source
                     for s in traj.steps:
                         if s.label is not None:
-                            labels[traj.trajectory_id, s.step_id] = _StepLabel(
-                                s.label, s.category or UNKNOWN, "dataset")
+                            labels[tid, s.step_id, "dataset"] = _StepLabel(
+                                s.label, s.category or NO_CATEGORY)
                     if traj.label is not None and all(s.label is None for s in traj.steps):
-                        whole[traj.trajectory_id] = _StepLabel(traj.label, UNKNOWN, "dataset")
+                        whole[tid, "dataset"] = _StepLabel(traj.label, NO_CATEGORY)
                 else:
                     rec = validate(obj, LabelRecord, line=n)
+                    lab = _StepLabel(rec.label, rec.category or NO_CATEGORY)
                     if rec.step_id is None:
-                        whole[rec.trajectory_id] = _StepLabel(rec.label,
-                                                              rec.category or UNKNOWN, rec.origin)
+                        whole[rec.trajectory_id, rec.origin] = lab
                     else:
-                        labels[rec.trajectory_id, rec.step_id] = _StepLabel(
-                            rec.label, rec.category or UNKNOWN, rec.origin)
+                        labels[rec.trajectory_id, rec.step_id, rec.origin] = lab
             except RecordError as e:
                 raise ReportError(f"{path}: {e}") from None
     return labels, streams, whole
@@ -346,8 +350,10 @@ def recall_from_files(screened: Path, labels: Sequence[Path]) -> RecallTable:
 
     ``labels`` are interchange-format trajectory files (each step's ``label`` and
     ``category``; origin ``dataset``) and/or ``LabelRecord`` JSON Lines (origin from the
-    record; lines as ``monitor tail vigil.labels`` prints them work too). A later label
-    of the same step overrides an earlier one. A trajectory labelled benign as a whole
+    record; lines as ``monitor tail vigil.labels`` prints them work too). As in the live
+    join (``dashboards.ground_truth``) a step counts once per origin, so a human verdict
+    on a dataset step shows under both origins; a later label of the same step and origin
+    overrides an earlier one (a corrected verdict). A trajectory labelled benign as a whole
     (no step named) labels each of its steps benign; one labelled harmful as a whole is
     left out (which step was harmful is unknown) and counted in ``notes``.
     """
@@ -363,42 +369,45 @@ def recall_from_files(screened: Path, labels: Sequence[Path]) -> RecallTable:
     steps_of: dict[str, list[str]] = defaultdict(list)
     for tid, sid in tiers:
         steps_of[tid].append(sid)
-    for tid, lab in whole.items():
+    for (tid, origin), lab in whole.items():
         if lab.label:
             harmful_whole += 1
             continue
         for sid in steps_of.get(tid, []):
-            step_labels.setdefault((tid, sid), lab)
+            step_labels.setdefault((tid, sid, origin), lab)
     if harmful_whole:
-        notes.append(f"{harmful_whole} trajectories labelled harmful without a step label "
-                     "were left out")
+        notes.append(f"{_plural(harmful_whole, 'trajectory', 'trajectories')} labelled "
+                     "harmful without a step label left out")
     reached: dict[tuple[str, str, str, int, int], float] = defaultdict(float)
-    matched = 0
-    for key, lab in step_labels.items():
-        tier = tiers.get(key)
+    labelled = {(tid, sid) for tid, sid, _origin in step_labels}
+    for (tid, sid, origin), lab in step_labels.items():
+        tier = tiers.get((tid, sid))
         if tier is None:
             continue
-        matched += 1
-        stream = streams.get(key[0], UNKNOWN)
         for k in range(tier + 1):
-            reached[lab.origin, stream, lab.category, lab.label, k] += 1
+            reached[origin, streams.get(tid, UNKNOWN), lab.category, lab.label, k] += 1
+    matched = len(labelled & tiers.keys())
     names = ", ".join(p.name for p in paths)
-    if not step_labels:
+    if not labelled:
         raise ReportError(f"no step labels (0 or 1) in {names}: label steps in the "
                           "trajectories or pass label records")
     if matched == 0:
         raise ReportError(
-            f"none of the {len(step_labels)} labelled steps in {names} matched the "
+            f"none of the {len(labelled)} labelled steps in {names} matched the "
             f"{len(tiers)} screened steps in {screened.name}: their trajectory_id/step_id "
             "pairs differ")
-    if matched < len(step_labels):
-        notes.append(f"{len(step_labels) - matched} of {len(step_labels)} labelled steps "
+    if matched < len(labelled):
+        notes.append(f"{len(labelled) - matched} of {len(labelled)} labelled steps "
                      "were not in the screened file")
     funnel: dict[tuple[str, int, bool], float] = defaultdict(float)
     for (tid, _sid), tier in tiers.items():
         for k in range(tier + 1):
             funnel[streams.get(tid, UNKNOWN), k, False] += 1
     return _table(f"{screened.name} + {names}", reached, funnel, notes=tuple(notes))
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 # --- from Prometheus -------------------------------------------------------------------------
@@ -435,7 +444,7 @@ def recall_from_prometheus(client: PrometheusClient, window: str = "1h",
         if tier is None or label is None or not math.isfinite(v):
             continue
         reached[m.get("origin") or UNKNOWN, m.get("stream") or UNKNOWN,
-                m.get("category") or UNKNOWN, label, tier] += v
+                m.get("category") or NO_CATEGORY, label, tier] += v
     funnel: dict[tuple[str, int, bool], float] = defaultdict(float)
     for r in client.query(f"sum by (stream, tier, canary) (increase(vigil_steps_total[{window}]))",
                           at=when):
@@ -541,6 +550,8 @@ def _count(x: float) -> str:
 
 def _subtitle(table: RecallTable) -> str:
     parts = [table.source]
+    if table.window is not None:
+        parts.append(f"counts: increase() over {table.window}, extrapolated to the window")
     if table.at is not None:
         parts.append(datetime.fromtimestamp(table.at, tz=UTC).strftime("%Y-%m-%d %H:%M UTC"))
     if table.page_precision is not None and table.page_precision.value is not None:
@@ -592,8 +603,7 @@ def render_recall(table: RecallTable, path: Path) -> Path:
         if by_stream:
             _recall_bars(axes[1], table.aggregate(("stream",)), "stream")
             axes[1].set_title("by stream", fontsize=10)
-    fig.text(0.5, 0.0, _subtitle(table), ha="center", va="bottom", fontsize=8,
-             color="#555555")
+    fig.supxlabel(_subtitle(table), fontsize=8, color="#555555")
     fig.savefig(path, format="png")
     return path
 
@@ -629,20 +639,19 @@ def render_funnel(table: RecallTable, path: Path) -> Path:
                 text = f"{_count(v)}\n{share:.1%}" if v > 0 else "0"
                 ax.text(x, max(v, 0.6), text, ha="center", va="bottom", fontsize=7)
         ax.set_yscale("log")
-        ax.set_ylim(0.5, top * 8)
+        ax.set_ylim(0.5, top * 4)
         ax.set_xticks(list(TIERS), [TIER_NAMES[k] for k in TIERS])
         ax.set_ylabel("steps (log scale)")
         ax.grid(axis="y", alpha=0.3, which="both")
         ax.legend(loc="upper right", fontsize=9)
-    fig.text(0.5, 0.0, _subtitle(table), ha="center", va="bottom", fontsize=8,
-             color="#555555")
+    fig.supxlabel(_subtitle(table), fontsize=8, color="#555555")
     fig.savefig(path, format="png")
     return path
 
 
 def render_recall_over_time(series: RecallSeries, path: Path) -> Path:
     """``recall_over_time.png``: recall per tier over time, one panel per origin."""
-    from matplotlib.dates import AutoDateLocator, DateFormatter
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 
     origins = series.origins or (ALL,)
     fig = _figure(10, 1.0 + 3.0 * len(origins))
@@ -670,8 +679,9 @@ def render_recall_over_time(series: RecallSeries, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(loc="lower left", fontsize=8, ncols=3)
     axes[-1].set_xlabel("time (UTC)")
-    axes[-1].xaxis.set_major_locator(AutoDateLocator())
-    axes[-1].xaxis.set_major_formatter(DateFormatter("%m-%d %H:%M", tz=UTC))
+    locator = AutoDateLocator(tz=UTC)
+    axes[-1].xaxis.set_major_locator(locator)
+    axes[-1].xaxis.set_major_formatter(ConciseDateFormatter(locator, tz=UTC))
     fig.savefig(path, format="png")
     return path
 
@@ -707,23 +717,25 @@ def _interval(p: Proportion) -> str:
 
 def format_table(table: RecallTable) -> str:
     """Recall and false-positive rate per tier as a plain-text table."""
-    head = f"{'origin':<10} {'stream':<11} {'category':<16} {'n':>7}"
+    head = f"{'origin':<10} {'stream':<11} {'category':<20} {'n':>7}"
     lines = [f"recall per tier (95 % Wilson interval), {table.source}"]
-    rows = list(table.groups)
-    if len(rows) > 1:
-        rows += [g for g in table.aggregate(("origin",))
-                 if sum(x.origin == g.origin for x in table.groups) > 1]
-        rows.append(table.overall())
-    for title, attr, total in (("harmful steps: recall", "harmful", "harmful"),
-                               ("benign steps: false-positive rate", "benign", "benign")):
-        shown = [g for g in rows if getattr(g, total) > 0]
-        if not shown:
+    origins = table.aggregate(("origin",))
+    for title, attr in (("harmful steps: recall", "harmful"),
+                        ("benign steps: false-positive rate", "benign")):
+        rows = [g for g in table.groups if getattr(g, attr) > 0]
+        if not rows:
             continue
-        lines += ["", title, head + "".join(f"  {TIER_NAMES[k]:<22}" for k in TIERS[1:])]
-        for g in shown:
+        for o in origins:  # an origin's total, where it has several groups
+            if sum(g.origin == o.origin for g in rows) > 1:
+                rows.append(o)
+        if len({g.origin for g in rows}) > 1:
+            rows.append(table.overall())
+        lines += ["", title,
+                  (head + "".join(f"  {TIER_NAMES[k]:<22}" for k in TIERS[1:])).rstrip()]
+        for g in rows:
             cells = "".join(f"  {_interval(getattr(g.tier(k), attr)):<22}" for k in TIERS[1:])
-            lines.append(f"{g.origin:<10} {g.stream:<11} {g.category[:16]:<16} "
-                         f"{_count(getattr(g, total)):>7}{cells}")
+            lines.append(f"{g.origin:<10} {g.stream:<11} {g.category[:20]:<20} "
+                         f"{_count(getattr(g, attr)):>7}{cells}".rstrip())
     if not table.groups:
         lines.append("no labelled steps")
     steps = table.funnel_steps()

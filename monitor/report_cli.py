@@ -92,8 +92,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "report",
         help="recall and funnel plots (PNG) from the metrics or from label files",
-        description="Recall per tier with 95 % Wilson intervals, the escalation funnel and "
-        "page precision as PNG files and JSON, for people without Grafana: from a Prometheus "
+        description="Recall per tier with 95 % Wilson intervals, the escalation funnel and page\n"
+        "precision as PNG files and JSON, for people without Grafana: from a Prometheus\n"
         "server, or from `monitor screen` output joined with step labels.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
