@@ -119,12 +119,13 @@ T = TypeVar("T")
 
 
 def _call(grafana_url: str, what: str, fn: Callable[[], T]) -> T:
-    """Run one API call; turn grafana-client's and niquests' failures into a GrafanaError."""
-    from grafana_client.client import GrafanaException, GrafanaTimeoutError
+    """Run one API call; turn grafana-client's and requests' failures into a GrafanaError."""
+    import requests
+    from grafana_client.client import GrafanaException
 
     try:
         return fn()
-    except GrafanaTimeoutError:
+    except requests.Timeout:
         raise GrafanaError(f"Grafana at {grafana_url} did not answer in time when trying to "
                            f"{what}") from None
     except GrafanaException as e:
@@ -143,7 +144,7 @@ def _call(grafana_url: str, what: str, fn: Callable[[], T]) -> T:
                                f"{_reason(e.message)}") from None
         raise GrafanaError(f"Grafana at {grafana_url} answered HTTP {code} when trying to "
                            f"{what}{detail}") from None
-    except OSError as e:  # niquests' ConnectionError and friends are OSErrors
+    except OSError as e:  # requests' ConnectionError and friends are OSErrors
         raise GrafanaError(f"cannot reach Grafana at {grafana_url}: {_reason(str(e))}") from None
 
 

@@ -517,9 +517,14 @@ def _detail(r: Any) -> str:
 
 
 def page_event(
-    escalation: Escalation, v: StepVerdict, thresholds: Sequence[float]
+    escalation: Escalation,
+    v: StepVerdict,
+    thresholds: Sequence[float],
+    *,
+    attribution: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The trigger event of a tier-3 step: dedup key ``trajectory_id/step_id`` (README)."""
+    """The trigger event of a tier-3 step: dedup key ``trajectory_id/step_id`` (README);
+    ``attribution``: the harm attribution of the trajectory so far, when there is one."""
     traj = escalation.trajectory
     assert traj is not None
     step = traj.steps[-1]
@@ -547,6 +552,8 @@ def page_event(
     eid = traj.meta.get("execution_id")
     if isinstance(eid, str) and eid:
         details["execution_id"] = eid
+    if attribution is not None:
+        details["attribution"] = dict(attribution)
     return {
         "event_action": "trigger",
         "dedup_key": f"{traj.trajectory_id}/{step.step_id}",
@@ -652,8 +659,17 @@ class ReviewStage:
                                       idempotency_key=up.idempotency_key))
                 pages.append((e, v))
         if self.paging is not None:
-            for e, v in pages:  # a PagingUnavailable leaves the batch uncommitted
-                msg = self.paging.trigger(page_event(e, v, thresholds))
+            attributions = self._attribute([e for e, _ in pages])
+            for (e, v), att in zip(pages, attributions, strict=True):
+                # a PagingUnavailable leaves the batch uncommitted
+                try:
+                    msg = self.paging.trigger(page_event(e, v, thresholds, attribution=att))
+                except PageRejected as exc:
+                    if att is None:
+                        raise
+                    self.report(f"the paging service refused {e.trajectory_id}/{e.step_id} "
+                                f"with its harm attribution ({exc}): paging without it")
+                    msg = self.paging.trigger(page_event(e, v, thresholds))
                 self.report(f"PAGE {e.trajectory_id}/{e.step_id} (harm {v.score:.2f}): {msg}")
                 if self.metrics is not None:
                     result = "deduplicated" if "dedup" in msg.lower() else "opened"
@@ -663,6 +679,23 @@ class ReviewStage:
         self.stats.add("reviewed", len(todo))
         self.stats.add("pages", len(pages))
         return outputs
+
+    def _attribute(self, pages: list[Escalation]) -> list[dict[str, Any] | None]:
+        """Which turn and tokens moved each paged trajectory toward harm (MPO credit
+        assignment with the world model as critic), one model call for the batch; None
+        each without a world model. A failure is reported and the pages go out without it."""
+        if not pages:
+            return []
+        from monitor.rlhealth.attribution import page_attributions
+
+        try:
+            trajectories = [e.trajectory for e in pages if e.trajectory is not None]
+            if len(trajectories) != len(pages):  # pragma: no cover - handle_batch checked
+                raise ValueError("a paged escalation carries no trajectory")
+            return page_attributions(self.screener, trajectories)
+        except Exception as exc:  # the attribution is an aid: it never holds a page back
+            self.report(f"harm attribution failed, paging without it: {type(exc).__name__}: {exc}")
+            return [None for _ in pages]
 
     def _observe(self, e: Escalation, v: StepVerdict, canary: bool, took: float) -> None:
         m = self.metrics

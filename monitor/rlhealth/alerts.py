@@ -4,6 +4,11 @@ Each rule is a small pure function of closed versions (a version is closed
 once a later one has been seen), so the stream and the offline report raise
 the same alerts for the same records. An :class:`Alert` names its kind, the
 version (or group) it is about, the value and the bound it crossed.
+
+A rule says whether its condition holds at each closed version; an
+:class:`AlertLatch` turns that into alerts that are edge-triggered: one when
+the condition starts, none while it holds, and a new one only after it has
+cleared (a trainer that stays behind for 50 versions is one alert, not 50).
 """
 
 from __future__ import annotations
@@ -33,6 +38,41 @@ class Alert:
     @property
     def key(self) -> str:
         return f"{self.kind}/{self.version}/{self.subject}"
+
+    @property
+    def condition(self) -> str:
+        """What stays in the alert state across versions: the kind, and the group's query."""
+        return condition_key(self.kind, self.subject)
+
+
+def condition_key(kind: AlertKind, subject: str = "") -> str:
+    return f"{kind}/{subject}"
+
+
+class AlertLatch:
+    """Edge-triggered alerts: a condition raises one alert when it starts to hold, none
+    while it keeps holding, and a new one only once it has cleared and holds again.
+
+    Feed it every judgement of a condition, in order: the rule's alert, or ``None``
+    when the rule found the condition clear.
+    """
+
+    def __init__(self) -> None:
+        self._active: dict[str, Alert] = {}
+
+    def update(self, condition: str, alert: Alert | None) -> Alert | None:
+        """The alert to raise now: ``alert`` when ``condition`` was clear before, else None."""
+        if alert is None:
+            self._active.pop(condition, None)
+            return None
+        fresh = condition not in self._active
+        self._active[condition] = alert  # the latest judgement, for reports
+        return alert if fresh else None
+
+    @property
+    def active(self) -> list[Alert]:
+        """The latest alert of every condition that still holds."""
+        return list(self._active.values())
 
 
 @dataclass(frozen=True)

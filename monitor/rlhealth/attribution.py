@@ -20,6 +20,11 @@ A critic is anything with ``__call__(turns) -> per-turn values``: an array of
 :class:`WorldModelCritic` is the world model's: ``V`` at the start of turn ``t``
 is the harm read from the observed result of turn ``t − 1`` (``harm_post``,
 else the pre-execution ``harm_pre``), and ``prior`` before the first turn.
+
+A page (the streaming worker's review stage) carries the attribution of its
+trajectory so far with R = 1, the page's own claim: :func:`page_attributions`
+(one batched world-model call for a batch of pages) and :func:`harm_attribution`
+(one trajectory) return the JSON, or None when the screener has no world model.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from streams.records import Trajectory
 from streams.tito import ExecutionTree
 
 if TYPE_CHECKING:
+    from monitor.pipeline import Screener
     from worldmodel.score import WorldModelScorer
 
 
@@ -233,23 +239,96 @@ class WorldModelCritic:
         self.prior = prior
 
     def __call__(self, turns: Sequence[TurnInput]) -> list[ArrayLike]:
+        return self.values_many([turns])[0]
+
+    def values_many(self, trajectories: Sequence[Sequence[TurnInput]]) -> list[list[ArrayLike]]:
+        """The values of several trajectories' turns with one batched call of the world model."""
         from worldmodel.data import View
         from worldmodel.features import StepInput
 
-        steps = []
-        history: list[tuple[str, str]] = []
-        for t in turns:
-            steps.append(
-                StepInput(
-                    task=t.task,
-                    observation=View(text=t.observation),
-                    action_text=t.action,
-                    history=tuple(history),
-                    next_observation=View(text=t.result) if t.result is not None else None,
+        steps: list[StepInput] = []
+        spans: list[tuple[int, int]] = []
+        for turns in trajectories:
+            start = len(steps)
+            history: list[tuple[str, str]] = []
+            for t in turns[:-1]:  # the last turn's own harm is no turn's V
+                steps.append(
+                    StepInput(
+                        task=t.task,
+                        observation=View(text=t.observation),
+                        action_text=t.action,
+                        history=tuple(history),
+                        next_observation=View(text=t.result) if t.result is not None else None,
+                    )
                 )
+                history.append((t.observation, t.action))
+            spans.append((start, len(steps)))
+        scores = self.scorer.score(steps) if steps else []
+        out: list[list[ArrayLike]] = []
+        for turns, (a, b) in zip(trajectories, spans, strict=True):
+            values: list[ArrayLike] = [self.prior] if turns else []
+            values += [s.harm for s in scores[a:b]]
+            out.append(values)
+        return out
+
+
+# --- attribution of a page ------------------------------------------------------------------
+
+
+def world_model_of(screener: Screener) -> WorldModelScorer | None:
+    """The world model among ``screener``'s L0 scorers (None: a review-only screener)."""
+    from monitor.pipeline import WorldModelSignals
+
+    for scorer in screener.l0:
+        if isinstance(scorer, WorldModelSignals):
+            return scorer.scorer
+    return None
+
+
+def page_attributions(
+    screener: Screener, trajectories: Sequence[Trajectory], *, max_token_values: int = 16_384
+) -> list[dict[str, Any] | None]:
+    """The harm attribution of each paged trajectory (the trajectory so far, ending at the
+    paged step), with one batched call of the world model: the ``attribution`` of the page's
+    ``custom_details``. The label is the page's claim, R = 1 (``label_source: "page"``).
+
+    A trajectory of more than ``max_token_values`` tokens keeps each turn's values and top
+    tokens but not every token's advantage (``token_advantages`` null,
+    ``token_advantages_omitted`` true), so the page stays small.
+
+    All None when ``screener`` has no world model. Raises ValueError when a value is not
+    finite (the paging service stores only finite numbers).
+    """
+    scorer = world_model_of(screener)
+    if scorer is None or not trajectories:
+        return [None for _ in trajectories]
+    critic = WorldModelCritic(scorer)
+    turns = [turns_from_trajectory(t) for t in trajectories]
+    values = critic.values_many(turns)
+    out: list[dict[str, Any] | None] = []
+    for traj, ts, vs in zip(trajectories, turns, values, strict=True):
+        att = attribute_harm(ts, lambda _ts, vs=vs: vs, 1.0, trajectory_id=traj.trajectory_id)
+        record = att.to_dict()
+        record.update(
+            step_id=traj.steps[-1].step_id if traj.steps else None,
+            label_source="page",
+            critic="world model harm value: harm_post of the previous turn, else harm_pre",
+        )
+        bad = [t["index"] for t in record["turns"]
+               if not all(np.isfinite([t["advantage"], t["residual"], t["value_start"],
+                                       *t["token_advantages"]]))]
+        if bad:
+            raise ValueError(
+                f"the harm attribution of {traj.trajectory_id} is not finite at turn {bad[0]}"
             )
-            history.append((t.observation, t.action))
-        scores = self.scorer.score(steps)
-        values: list[ArrayLike] = [self.prior]
-        values += [s.harm for s in scores[:-1]]
-        return values
+        if sum(len(t["token_advantages"]) for t in record["turns"]) > max_token_values:
+            for t in record["turns"]:
+                t["token_advantages"] = None
+            record["token_advantages_omitted"] = True
+        out.append(record)
+    return out
+
+
+def harm_attribution(screener: Screener, trajectory: Trajectory) -> dict[str, Any] | None:
+    """:func:`page_attributions` of one trajectory: its JSON, or None without a world model."""
+    return page_attributions(screener, [trajectory])[0]

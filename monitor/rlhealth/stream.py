@@ -26,6 +26,8 @@ import numpy as np
 from monitor.rlhealth.alerts import (
     Alert,
     AlertConfig,
+    AlertLatch,
+    condition_key,
     drift_alert,
     mismatch_alert,
     mismatch_reference,
@@ -129,7 +131,7 @@ class RLHealthMonitor:
         self._timeout_rewards: deque[float] = deque(maxlen=self.config.durations_kept)
         self._totals: dict[str, int] = defaultdict(int)
         self._admitted_roles: dict[str, int] = defaultdict(int)
-        self._alerted: set[str] = set()
+        self.latch = AlertLatch()  # alerts fire when a condition starts, not every version
         self._drift_by_pass: dict[int, dict[int, list[float]]] = {}
         if metrics is not None:
             metrics.staleness_expected.set(self.config.alerts.expected_staleness)
@@ -248,10 +250,12 @@ class RLHealthMonitor:
 
     # -- closing versions ---------------------------------------------------------
 
-    def _raise(self, alert: Alert | None, into: list[Alert]) -> None:
-        if alert is None or alert.key in self._alerted:
+    def _raise(self, condition: str, alert: Alert | None, into: list[Alert]) -> None:
+        """Judge ``condition`` (``alert`` if it holds, else None); raise only on its rising
+        edge: a condition that stays in the alert state over many versions is one alert."""
+        alert = self.latch.update(condition, alert)
+        if alert is None:
             return
-        self._alerted.add(alert.key)
         self.alerts.append(alert)
         into.append(alert)
         log.warning("rlhealth alert: %s", alert.message)
@@ -269,8 +273,8 @@ class RLHealthMonitor:
             self.closed.append(vs)
             if self.metrics is not None:
                 self.metrics.set_version(vs, cfg.expected_staleness)
-            self._raise(staleness_alert(self.closed, cfg), out)
-            self._raise(drift_alert(self.closed, cfg), out)
+            self._raise(condition_key("staleness"), staleness_alert(self.closed, cfg), out)
+            self._raise(condition_key("drift"), drift_alert(self.closed, cfg), out)
             out += self._close_groups(executions)
         return out
 
@@ -287,7 +291,7 @@ class RLHealthMonitor:
                 self.metrics.observe_group(g)
             if g.reward_hacking:
                 self.flagged_groups.append(g)
-                self._raise(reward_hacking_alert(g), out)
+            self._raise(condition_key("reward_hacking", qid), reward_hacking_alert(g), out)
         return out
 
     def _close_policy(self, versions: list[int]) -> list[Alert]:
@@ -306,7 +310,7 @@ class RLHealthMonitor:
                     else None
                 )
                 self.metrics.set_mismatch(vs, extra)
-            self._raise(mismatch_alert(self.closed_policy, cfg), out)
+            self._raise(condition_key("mismatch"), mismatch_alert(self.closed_policy, cfg), out)
         return out
 
     # -- report -------------------------------------------------------------------
@@ -369,6 +373,7 @@ class RLHealthMonitor:
                 "flagged": [as_dict(g) for g in self.flagged_groups],
             },
             "alerts": [as_dict(a) for a in self.alerts],
+            "alerts_active": [as_dict(a) for a in self.latch.active],
         }
 
 

@@ -62,5 +62,6 @@ def test_a_stalled_trainer_raises_the_staleness_alert() -> None:
     )
     alerts = [a for a in monitor.alerts if a.kind == "staleness"]
     assert alerts and alerts[0].threshold == 0.0 and alerts[0].value >= 1.0
+    assert len(alerts) == 1  # behind at every version after it: one alert, not one a version
     ends = [r for r in run.records if isinstance(r, ExecutionEnd)]
     assert len(ends) == run.executions

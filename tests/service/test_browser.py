@@ -23,7 +23,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from streams.records import LabelRecord, decode
 from tests.service.conftest import Service
-from tests.service.helpers import trigger, wait_for
+from tests.service.helpers import attributed_trigger, trigger, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("VIGIL_TEST_ARTIFACTS", ROOT / "runs" / "test-artifacts"))
@@ -123,3 +123,40 @@ def test_review_flow_in_chromium(live_server: str, browser: WebDriver, service: 
     plot = wait.until(ec.presence_of_element_located((By.ID, "recall-plot")))
     wait.until(lambda d: d.execute_script("return arguments[0].naturalWidth", plot) == 900)
     browser.save_screenshot(str(ARTIFACTS / "review_recall.png"))
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_harm_attribution_on_the_case_page_in_chromium(
+    live_server: str, browser: WebDriver, service: Service
+) -> None:
+    """The attribution section reads in a real browser: bars drawn, the harmful turn
+    highlighted, its link lands on the step it names."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with httpx.Client(base_url=live_server, headers=service.auth("producer")) as api:
+        assert api.post("/api/v1/events", json=attributed_trigger()).status_code == 202
+    wait = WebDriverWait(browser, 20)
+    browser.get(live_server + "/login?next=/cases/1")
+    browser.find_element(By.ID, "token").send_keys(service.tokens["reviewer"])
+    browser.find_element(By.ID, "sign-in").click()
+
+    section = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".card.attribution")))
+    assert "Harm attribution (MPO credit assignment)" in section.text
+    rows = section.find_elements(By.CSS_SELECTOR, "tbody tr")
+    assert len(rows) == 11
+    harmful = section.find_element(By.CSS_SELECTOR, "tr.harmful")
+    assert harmful.get_attribute("data-turn") == "8" and "Uploading" in harmful.text
+    cell = harmful.find_elements(By.TAG_NAME, "td")[0]
+    other = rows[0].find_elements(By.TAG_NAME, "td")[0]
+    assert cell.value_of_css_property("background-color") != other.value_of_css_property(
+        "background-color")  # highlighted
+    bar = harmful.find_element(By.CSS_SELECTOR, ".abar .pos")
+    assert bar.size["width"] > 10 and bar.value_of_css_property("background-color") == (
+        "rgba(164, 22, 26, 1)")  # drawn by CSS alone (script-src 'none')
+    browser.execute_script("arguments[0].scrollIntoView()", section)
+    browser.save_screenshot(str(ARTIFACTS / "review_case_attribution.png"))
+
+    harmful.find_element(By.CSS_SELECTOR, 'a[href="#step-m9"]').click()
+    wait.until(ec.url_contains("#step-m9"))
+    step = browser.find_element(By.ID, "step-m9")
+    assert "moved toward harm most: δ +0.450" in step.text
+    browser.save_screenshot(str(ARTIFACTS / "review_case_attribution_step.png"))

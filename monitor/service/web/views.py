@@ -1,5 +1,6 @@
 """What the case page shows, computed from a page's alerts (each carries the trajectory so
-far, the flagged step, tier scores and the L2 rubric verdict)."""
+far, the flagged step, tier scores, the L2 rubric verdict and, from a worker with a world
+model, the harm attribution of the trajectory: ``monitor.rlhealth.attribution``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from monitor.service.models import Alert, Page
 
@@ -38,6 +41,170 @@ class StepView:
     dedup_key: str | None = None
     scores: list[dict[str, Any]] = field(default_factory=list)
     rubric: dict[str, Any] | None = None
+    harm_residual: float | None = None  # set on the step the attribution names
+
+
+# --- harm attribution ----------------------------------------------------------------------
+
+# what the page reads of ``custom_details.attribution`` (a producer may send anything:
+# whatever does not fit this shows no section, never an error page)
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+
+class _TopToken(_Lenient):
+    position: int = Field(ge=0)
+    token_id: int
+    advantage: _Finite
+
+
+class _Turn(_Lenient):
+    index: int = Field(ge=0)
+    call_id: str
+    role: str = "main"
+    action: str = ""
+    value_start: _Finite = 0.0
+    value_next: _Finite = 0.0
+    residual: _Finite
+    advantage: _Finite
+    top_tokens: list[_TopToken] = Field(default_factory=list, max_length=64)
+    token_advantages: list[_Finite] | None = None
+
+
+class _Attribution(_Lenient):
+    turns: list[_Turn] = Field(min_length=1, max_length=2000)
+    label: _Finite = 1.0
+    label_source: str | None = None
+    critic: str | None = None
+    lam: _Finite = Field(default=0.8, alias="lambda")
+    lam_intra: _Finite = Field(default=0.95, alias="lambda_intra")
+    beta: _Finite = 1.0
+    harmful_turn: int | None = None
+    step_id: str | None = None
+
+
+@dataclass
+class TokenView:
+    position: int
+    token_id: int
+    advantage: float
+    text: str | None  # the token as text, where the trajectory's step allows it
+
+
+@dataclass
+class AttributionTurnView:
+    index: int
+    call_id: str
+    role: str
+    action: str
+    value_start: float
+    residual: float
+    advantage: float
+    harmful: bool
+    anchor: str | None  # the step's id when the step is on the page
+    turn_level: bool  # the step on the page carries no token ids: the turn is one unit
+    tokens: int | None  # output tokens of the step, when the page knows them
+    top_tokens: list[TokenView]
+    uniform: float | None  # every token of the turn has this advantage (nothing stands out)
+    advantage_bar: tuple[float, float]  # (negative, positive) half-widths in %
+    residual_bar: tuple[float, float]
+
+
+@dataclass
+class AttributionView:
+    """Which turn, and which tokens in it, moved the trajectory toward harm (DESIGN §5)."""
+
+    step_id: str | None
+    label: float
+    label_source: str | None
+    critic: str | None
+    lam: float
+    lam_intra: float
+    beta: float
+    turns: list[AttributionTurnView]
+
+    @property
+    def harmful(self) -> AttributionTurnView:
+        return next(t for t in self.turns if t.harmful)
+
+
+def _bar(x: float, scale: float) -> tuple[float, float]:
+    w = round(50.0 * min(1.0, abs(x) / scale), 1) if scale > 0 else 0.0
+    return (w, 0.0) if x < 0 else (0.0, w)
+
+
+def _uniform(values: list[float] | None) -> float | None:
+    """The one value of a turn whose tokens all have the same advantage (more than one)."""
+    if not values or len(values) < 2 or max(values) - min(values) > 1e-9:
+        return None
+    return values[0]
+
+
+def _token_texts(step: dict[str, Any] | None) -> tuple[list[int] | None, list[str] | None]:
+    """The step's output token ids, and a text per token where it can be told exactly:
+    ``output_tokens`` (one string a token), or an output text of one word a token."""
+    if step is None:
+        return None, None
+    ids = step.get("output_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        return None, None
+    pieces = step.get("output_tokens")
+    if isinstance(pieces, list) and len(pieces) == len(ids) and all(
+            isinstance(x, str) for x in pieces):
+        return ids, pieces
+    text = step.get("output_text")
+    if not isinstance(text, str):
+        action = step.get("action")
+        text = action.get("text") if isinstance(action, dict) else None
+    words = text.split() if isinstance(text, str) else []
+    return ids, (words if len(words) == len(ids) else None)
+
+
+def attribution_view(
+    value: Any, steps: dict[str, dict[str, Any]] | None = None
+) -> AttributionView | None:
+    """The attribution section of a case, or None when ``value`` is absent or malformed.
+    ``steps``: the raw steps of the trajectory on the page, by id (links and token text)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        a = _Attribution.model_validate(value)
+    except (ValidationError, TypeError, ValueError):
+        return None
+    steps = steps or {}
+    top = a.harmful_turn
+    if top is None or not 0 <= top < len(a.turns):  # the turn with the largest residual
+        top = max(range(len(a.turns)), key=lambda k: a.turns[k].residual)
+    scale = max(max(abs(t.advantage), abs(t.residual)) for t in a.turns)
+    turns = []
+    for k, t in enumerate(a.turns):
+        step = steps.get(t.call_id)
+        ids, texts = _token_texts(step)
+        tokens = []
+        for tok in t.top_tokens[:10]:
+            exact = (ids is not None and tok.position < len(ids)
+                     and ids[tok.position] == tok.token_id)
+            tokens.append(TokenView(tok.position, tok.token_id, tok.advantage,
+                                    texts[tok.position] if exact and texts else None))
+        action = t.action
+        if not action and step is not None and isinstance(step.get("action"), dict):
+            action = str(step["action"].get("text", ""))
+        turns.append(AttributionTurnView(
+            index=t.index, call_id=t.call_id, role=t.role,
+            action=" ".join(action.split())[:120],
+            value_start=t.value_start, residual=t.residual, advantage=t.advantage,
+            harmful=k == top, anchor=t.call_id if step is not None else None,
+            turn_level=step is not None and ids is None,
+            tokens=len(ids) if ids is not None else None,
+            top_tokens=tokens,
+            uniform=_uniform(t.token_advantages) if ids is not None else None,
+            advantage_bar=_bar(t.advantage, scale), residual_bar=_bar(t.residual, scale),
+        ))
+    return AttributionView(a.step_id, a.label, a.label_source, a.critic, a.lam, a.lam_intra,
+                           a.beta, turns)
 
 
 @dataclass
@@ -47,6 +214,7 @@ class TrajectoryView:
     source: str
     steps: list[StepView]
     flagged_steps: list[str]
+    attribution: AttributionView | None = None
 
 
 @dataclass
@@ -57,6 +225,7 @@ class LooseAlert:
     details_json: str
     scores: list[dict[str, Any]]
     rubric: dict[str, Any] | None
+    attribution: AttributionView | None = None
 
 
 @dataclass
@@ -106,7 +275,8 @@ def case_view(page: Page) -> CaseView:
             by_trajectory.setdefault(alert.trajectory_id, []).append(alert)
         else:
             loose.append(LooseAlert(alert, json.dumps(details, indent=2, ensure_ascii=False),
-                                    _scores(details), details.get("rubric")))
+                                    _scores(details), details.get("rubric"),
+                                    attribution_view(details.get("attribution"))))
     views = []
     for tid, alerts in by_trajectory.items():
         # the longest trajectory-so-far is the most complete view (ties: the newest)
@@ -124,8 +294,17 @@ def case_view(page: Page) -> CaseView:
             view.scores = _scores(alert.details)
             view.rubric = alert.details.get("rubric")
             flagged.append(view.step_id)
+        # the attribution of the trajectory shown, else of the newest alert that has one
+        raw = {str(s.get("step_id", "")): s for s in t.get("steps", []) if isinstance(s, dict)}
+        attribution = None
+        for alert in sorted(alerts, key=lambda a: (a is not latest, -a.id)):
+            attribution = attribution_view(alert.details.get("attribution"), raw)
+            if attribution is not None:
+                break
+        if attribution is not None and attribution.harmful.anchor in index:
+            index[attribution.harmful.call_id].harm_residual = attribution.harmful.residual
         views.append(TrajectoryView(tid, str(t.get("task", "")), str(t.get("source", "")),
-                                    steps, flagged))
+                                    steps, flagged, attribution))
     return CaseView(views, loose)
 
 
