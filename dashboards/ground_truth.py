@@ -102,4 +102,4 @@ def reached_counts(metrics: WorkerMetrics, label: int = 1) -> dict[str, list[int
                 continue
             row = out.setdefault(s.labels["origin"], [0, 0, 0, 0])
             row[int(s.labels["tier"])] += int(s.value)
-    return out
+    return {origin: row for origin, row in out.items() if row[0] > 0}

@@ -34,13 +34,16 @@ RL health (``monitor rlhealth``): the ``vigil_rl_*`` metrics of ``monitor.rlheal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 STREAMS = ("rollout", "deployment", "benchmark")
 TIERS = (0, 1, 2, 3)
 ORIGINS = ("human", "dataset", "canary", "reviewer")
+# The harm categories of the AgentDojo builder (``worldmodel.agentdojo_data.category_of``)
+# and "none" (an unlabelled category): the label groups made up front (``init_label_groups``).
+HARM_CATEGORIES = ("financial", "data_exfiltration", "prompt_injection", "none")
 
 # L0 is milliseconds a batch, L2 seconds to minutes: one bucket set covers both.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -106,6 +109,24 @@ class WorkerMetrics:
             self.canaries.labels(stream=stream)
         for what in ("verdict", "page"):
             self.canaries_suppressed.labels(what=what)
+
+    def init_label_groups(self, categories: Iterable[str] = HARM_CATEGORIES,
+                          origins: Iterable[str] = ("dataset", "canary", "human"),
+                          streams: Iterable[str] = STREAMS) -> None:
+        """Zero series for the label groups to expect. Prometheus' ``increase()`` does not
+        count a series' first scraped value, so a group whose series first appear with
+        counts already in them would lose those counts from every recall window; made at
+        start-up, they are scraped at zero first. (A group not made here, e.g. a category a
+        human reviewer invents, loses the counts of its first scrape interval.)"""
+        cats = sorted(set(categories) | {"none"})
+        for origin in origins:
+            for stream in streams:
+                for tier in TIERS:
+                    self.labelled.labels(origin=origin, stream=stream, category="none",
+                                         label="0", tier=str(tier))
+                    for cat in cats:
+                        self.labelled.labels(origin=origin, stream=stream, category=cat,
+                                             label="1", tier=str(tier))
 
     def init_reviewer(self, backend: str) -> None:
         """Zero series for a review stage's reviewer (``none`` when it has none)."""

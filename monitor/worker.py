@@ -848,12 +848,15 @@ class Worker:
                 bus, config.group_of("review"), batch_size=max(1, min(bs, 16)))
         if "recall" in config.roles:
             from dashboards.ground_truth import LabelJoin
-            from dashboards.metrics import WorkerMetrics
+            from dashboards.metrics import HARM_CATEGORIES, WorkerMetrics
 
             if self.metrics is None:  # the counts need somewhere to go
                 from prometheus_client import CollectorRegistry
 
                 self.metrics = WorkerMetrics(CollectorRegistry())
+            categories = {str(c.meta.get("category") or "none")
+                          for c in (canaries.canaries if canaries is not None else ())}
+            self.metrics.init_label_groups(set(HARM_CATEGORIES) | categories)
             recall = RecallStage(topics, LabelJoin(self.metrics, config.recall_max_steps))
             self.recall = recall
             self._stages["recall"] = lambda bus: recall.processor(
