@@ -344,8 +344,11 @@ def run_demo(
             flowed = _read_everything(bus, topics.all())
             say("\nwhat flowed:")
             for topic in topics.all():
-                msgs = flowed.get(topic, [])
-                say(f"  {topic}: {len(msgs)} records")
+                every = flowed.get(topic, [])
+                msgs = [m for m in every if not (m.key or "").startswith("canary/")]
+                canaries = len(every) - len(msgs)
+                say(f"  {topic}: {len(msgs)} records"
+                    + (f" (and {canaries} of canaries)" if canaries else ""))
                 for m in msgs[:limit]:
                     say(f"      {_describe(m)}")
                 if len(msgs) > limit:

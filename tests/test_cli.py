@@ -131,6 +131,11 @@ def test_demo_screens_the_samples_and_pages_as_it_goes(
     screened = int(summary.split()[0])
     assert screened == 120 + 16 + 27  # AgentDojo test_slack, the samples, the rebuilt calls
     assert "pages for" in summary and "recall" in summary
+    # canaries from the training split ran through every tier, counted apart from real steps
+    assert "injecting canaries" in out.stdout
+    assert "of canaries)" in out.stdout
+    canary = next(x for x in summary.splitlines() if x.strip().startswith("canary "))
+    assert "L1 " in canary and "L3 " in canary
 
 
 @pytest.mark.broker
