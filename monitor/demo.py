@@ -346,9 +346,9 @@ def run_demo(
             for topic in topics.all():
                 every = flowed.get(topic, [])
                 msgs = [m for m in every if not (m.key or "").startswith("canary/")]
-                canaries = len(every) - len(msgs)
+                n_canary = len(every) - len(msgs)
                 say(f"  {topic}: {len(msgs)} records"
-                    + (f" (and {canaries} of canaries)" if canaries else ""))
+                    + (f" (and {n_canary} of canaries)" if n_canary else ""))
                 for m in msgs[:limit]:
                     say(f"      {_describe(m)}")
                 if len(msgs) > limit:

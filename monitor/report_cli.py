@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import textwrap
 import time
 from pathlib import Path
@@ -49,6 +50,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         render_report,
     )
 
+    if not args.prometheus and not args.screened and os.environ.get("VIGIL_PROMETHEUS_URL"):
+        args.prometheus = os.environ["VIGIL_PROMETHEUS_URL"]
     if args.prometheus and (args.screened or args.labels):
         raise ReportCliError("pass either --prometheus or --screened with --labels, not both")
     if not args.prometheus and not args.screened:
@@ -100,7 +103,8 @@ def add_parser(sub: Any) -> None:
     )
     p.set_defaults(fn=cmd_report)
     p.add_argument("--prometheus", metavar="URL",
-                   help="a Prometheus server holding vigil's metrics")
+                   help="a Prometheus server holding vigil's metrics (default: "
+                   "$VIGIL_PROMETHEUS_URL when no --screened is given)")
     p.add_argument("--window", default="1h", metavar="DURATION",
                    help="with --prometheus: count labelled steps over this window, ending now "
                    "(default 1h)")
