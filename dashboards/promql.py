@@ -54,10 +54,12 @@ def wilson(caught: str, total: str, bound: str, z: float = Z) -> str:
     p = f"({c} / {n})"
     z2 = z * z
     sign = "-" if bound == "lower" else "+"
-    return (
+    expr = (
         f"({p} + {z2 / 2:.6g} / {n} {sign} {z:.6g} * "
         f"sqrt({p} * (1 - {p}) / {n} + {z2 / 4:.6g} / ({n} * {n}))) / (1 + {z2:.6g} / {n})"
     )
+    # rounding can put a bound a hair outside [0, 1] at p = 0 or 1
+    return f"clamp_min({expr}, 0)" if bound == "lower" else f"clamp_max({expr}, 1)"
 
 
 def recall_interval(tier: int, window: str, bound: str, *, by: Sequence[str] = (),
