@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import socket
 import sys
@@ -33,6 +32,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.machine import machine  # noqa: E402
 
 
 def _free_port() -> int:
@@ -211,14 +212,7 @@ def main() -> int:
                  "canaries_from": "train split of $VIGIL_HOME/data/agentdojo"},
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "report_dir")},
         "results": results,
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-            "load_average_1m_before": round(load_before[0], 2),
-            "load_average_1m_after": round(os.getloadavg()[0], 2),
-        },
+        "machine": machine(load_before),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

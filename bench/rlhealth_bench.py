@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import sys
 import threading
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from bench.machine import machine  # noqa: E402
 from monitor.rlhealth.alerts import AlertConfig  # noqa: E402
 from monitor.rlhealth.metrics import RLHealthMetrics  # noqa: E402
 from monitor.rlhealth.simulate import simulate_rl_run  # noqa: E402
@@ -202,14 +202,7 @@ def main() -> int:
         },  # fmt: skip
         "settings": vars(args) | {"out": None},
         "results": results,
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-            "load_average_1m_before": round(load_before[0], 2),
-            "load_average_1m_after": round(os.getloadavg()[0], 2),
-        },  # fmt: skip
+        "machine": machine(load_before),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,19 @@
+"""The ``machine`` block every bench JSON carries: what ran it, and how loaded it was."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+
+def machine(load_before: tuple[float, float, float]) -> dict[str, Any]:
+    """Platform, CPU count and the 1-minute load average before (given) and now."""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1m_before": round(load_before[0], 2),
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
+    }
