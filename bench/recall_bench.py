@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import sys
 import threading
 import time
@@ -34,12 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.machine import machine  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from streams.broker import free_port  # noqa: E402
 
 
 def bench_join(n_steps: int) -> dict[str, Any]:
@@ -115,7 +109,7 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
     screener = load_screener(args.policy, reviewer=False)
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry)
-    port = _free_port()
+    port = free_port()
     start_http_server(port, addr="127.0.0.1", registry=registry)
     topics = Topics(**{k: f"{v}.bench" for k, v in Topics().model_dump().items()})
     with EmbeddedBroker() as broker, LocalPrometheus([f"127.0.0.1:{port}"],

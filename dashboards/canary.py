@@ -34,14 +34,14 @@ class CanaryError(ValueError):
     """A canary set that cannot be built or read (one sentence)."""
 
 
-def is_canary(meta: Mapping[str, Any] | None) -> bool:
-    """Whether a step event's or a trajectory's ``meta`` marks it as a canary."""
-    return bool(meta) and isinstance(meta.get(CANARY_KEY), Mapping)  # type: ignore[union-attr]
-
-
 def canary_of(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The canary tag in a step event's or a trajectory's ``meta`` (None: not a canary)."""
     got = meta.get(CANARY_KEY) if meta else None
     return got if isinstance(got, Mapping) else None
+
+
+def is_canary(meta: Mapping[str, Any] | None) -> bool:
+    return canary_of(meta) is not None
 
 
 def canary_from(trajectory: Trajectory) -> Trajectory | None:

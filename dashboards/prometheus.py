@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,15 +22,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from streams.broker import free_port
+
 
 class PrometheusError(RuntimeError):
     """A query Prometheus refused or could not answer (the message says which and why)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -101,7 +96,7 @@ class LocalPrometheus:
         self.targets = list(targets)
         self.scrape_interval_s = scrape_interval_s
         self.binary = binary
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.client = PrometheusClient(self.url)
         self._dir: Path | None = None

@@ -452,8 +452,9 @@ def recall_from_prometheus(client: PrometheusClient, window: str = "1h",
         tier, v = _tier(m.get("tier")), float(r["value"][1])
         if tier is not None and math.isfinite(v):
             funnel[m.get("stream") or UNKNOWN, tier, m.get("canary") == "true"] += v
+    # max, not sum: every paging-service instance reports the same database (dashboards.promql)
     verdicts = {r["metric"].get("verdict", ""): float(r["value"][1]) for r in client.query(
-        f"sum by (verdict) (increase(vigil_page_verdicts_total[{window}]))", at=when)}
+        f"max by (verdict) (increase(vigil_page_verdicts_total[{window}]))", at=when)}
     total = sum(v for v in verdicts.values() if math.isfinite(v))
     precision = Proportion.of(verdicts.get("harmful", 0.0), total) if total > 0 else None
     notes = [] if rows else [f"no vigil_labelled_steps_total samples in the {window} window"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from dashboards import boards
 from dashboards.metrics import ORIGINS, STREAMS, WorkerMetrics
 from dashboards.prometheus import LocalPrometheus, PrometheusError
 from monitor.rlhealth.metrics import RLHealthMetrics
+from streams.broker import free_port
 
 UIDS = {"vigil-overview", "vigil-recall", "vigil-rl-health"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -190,11 +190,6 @@ def test_every_query_parses_in_prometheus(models: dict[str, dict[str, Any]],
         prometheus.client.query(boards.substitute_variables("sum(rate(x[$__range])"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _exercise(stop: threading.Event, registry: CollectorRegistry) -> None:
     """Every contract metric moving, as a worker, the paging service and rlhealth would."""
@@ -268,7 +263,7 @@ def test_every_query_returns_data_from_live_metrics(models: dict[str, dict[str, 
     metric or label would)."""
     registry = CollectorRegistry()
     stop = threading.Event()
-    port = _free_port()
+    port = free_port()
     server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
     feeder = threading.Thread(target=_exercise, args=(stop, registry), daemon=True)
     feeder.start()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from dashboards.canary import build_canary_set, canary_trajectory
 from dashboards.prometheus import LocalPrometheus, PrometheusClient
 from monitor.demo import PagingServer, paging_server
 from monitor.rlhealth.simulate import simulate_rl_run
+from streams.broker import free_port
 from streams.config import KafkaSettings, Topics
 from streams.kafka import KafkaBus
 from streams.processor import publish_record
@@ -46,11 +46,6 @@ from tests.worker.conftest import (  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.broker
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -85,7 +80,7 @@ def test_dashboards_show_a_live_stream_and_canary_recall_matches_offline(
     bus.ensure_topics(topics.all())
     canaries = tmp_path / "canaries.jsonl"
     build_canary_set([small_agentdojo], canaries)
-    worker_port, rl_port = _free_port(), _free_port()
+    worker_port, rl_port = free_port(), free_port()
     out = Outputs(bus, topics, f"{unique}.reader")
     worker = start_stream(
         topics, "--paging-url", paging.url, "--paging-token", paging.producer_token,

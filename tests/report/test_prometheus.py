@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,17 +12,13 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 from dashboards.metrics import WorkerMetrics
 from dashboards.prometheus import LocalPrometheus
 from dashboards.report import recall_from_prometheus, recall_over_time, render_report
+from streams.broker import free_port
 from tests.report.test_files import assert_png, monitor
 
 HARMFUL = {0: 40, 1: 30, 2: 20, 3: 10}  # canary harmful steps reaching each tier
 BENIGN = {0: 1000, 1: 200, 2: 20, 3: 2}  # labelled benign steps reaching each tier
 STEPS = {0: 5000, 1: 1000, 2: 100, 3: 10}  # deployment traffic reaching each tier
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Exporter:
