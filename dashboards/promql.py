@@ -58,8 +58,11 @@ def wilson(caught: str, total: str, bound: str, z: float = Z) -> str:
         f"({p} + {z2 / 2:.6g} / {n} {sign} {z:.6g} * "
         f"sqrt({p} * (1 - {p}) / {n} + {z2 / 4:.6g} / ({n} * {n}))) / (1 + {z2:.6g} / {n})"
     )
-    # rounding can put a bound a hair outside [0, 1] at p = 0 or 1
-    return f"clamp_min({expr}, 0)" if bound == "lower" else f"clamp_max({expr}, 1)"
+    # At p = 0 (lower) or p = 1 (upper) the bound is p itself, as in
+    # dashboards.recall.wilson_interval; the formula can miss it by a rounding hair there.
+    if bound == "lower":
+        return f"clamp_min(({p} <= 0) or ({expr}), 0)"
+    return f"clamp_max(({p} >= 1) or ({expr}), 1)"
 
 
 def recall_interval(tier: int, window: str, bound: str, *, by: Sequence[str] = (),

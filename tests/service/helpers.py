@@ -115,9 +115,10 @@ class Received:
 @dataclass
 class WebhookReceiver:
     """A real HTTP server on 127.0.0.1 that records every POST; the first ``fail_first``
-    requests get HTTP 500."""
+    requests get HTTP 500, and so does every request while ``down`` is set."""
 
     fail_first: int = 0
+    down: bool = False
     requests: list[Received] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -128,7 +129,7 @@ class WebhookReceiver:
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with receiver._lock:
-                    failing = len(receiver.requests) < receiver.fail_first
+                    failing = receiver.down or len(receiver.requests) < receiver.fail_first
                     status = 500 if failing else 200
                     receiver.requests.append(Received(self.path, dict(self.headers.items()),
                                                       body, time.monotonic(), status))
