@@ -54,11 +54,13 @@ from streams.records import (
     Escalation,
     LabelRecord,
     Record,
+    RecordError,
     RolloutVerdict,
     Score,
     Source,
     Step,
     StepEvent,
+    decode,
 )
 
 if TYPE_CHECKING:
@@ -716,15 +718,42 @@ class RecallStage:
     """Joins the labels topic (dataset, canary and human labels) with the scores topic
     (how far each step went) into ``vigil_labelled_steps_total`` (``dashboards.ground_truth``).
 
-    It publishes nothing; its state (the last ``max_steps`` steps) is rebuilt from
-    where its group last committed after a restart.
+    It publishes nothing. Its state (how far each of the last ``max_steps`` steps went)
+    outlives a restart: before joining its group, the stage reads the scores topic back
+    from its group's committed offsets (``Bus.read_before_committed``), so a human verdict
+    that arrives after the restart still counts against the tiers its step reached. Labels
+    are not read back: those before the commit were counted by the previous process.
     """
 
-    def __init__(self, topics: Topics, join: LabelJoin) -> None:
+    def __init__(self, topics: Topics, join: LabelJoin,
+                 report: Report | None = None) -> None:
         self.topics = topics
         self.join = join
+        self.report = report
+        self.warmed_up = 0
+
+    def warm_up(self, bus: Bus, group_id: str) -> int:
+        """Rebuild the join's state from the scores before ``group_id``'s commit; returns
+        how many scores were read (unreadable ones are skipped: they were dead-lettered
+        when first consumed)."""
+        t0 = time.monotonic()
+        per_partition = max(1, self.join.max_steps)
+        n = 0
+        for m in bus.read_before_committed(self.topics.scores, group_id, per_partition):
+            try:
+                rec = decode(m.value, Score)
+            except RecordError:
+                continue
+            self.join.on_score(rec)
+            n += 1
+        self.warmed_up += n
+        if n and self.report is not None:
+            self.report(f"vigil stream: recall stage read back {n} scores of steps screened "
+                        f"before the restart ({time.monotonic() - t0:.1f} s)")
+        return n
 
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 500) -> StreamProcessor:
+        self.warm_up(bus, group_id)
         return StreamProcessor(
             bus,
             {self.topics.scores: Score, self.topics.labels: LabelRecord},
@@ -857,7 +886,8 @@ class Worker:
             categories = {str(c.meta.get("category") or "none")
                           for c in (canaries.canaries if canaries is not None else ())}
             self.metrics.init_label_groups(set(HARM_CATEGORIES) | categories)
-            recall = RecallStage(topics, LabelJoin(self.metrics, config.recall_max_steps))
+            recall = RecallStage(topics, LabelJoin(self.metrics, config.recall_max_steps),
+                                 report=report)
             self.recall = recall
             self._stages["recall"] = lambda bus: recall.processor(
                 bus, config.group_of("recall"))

@@ -17,7 +17,7 @@ import threading
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -92,6 +92,13 @@ class Bus(Protocol):
 
     def ensure_topics(self, topics: Iterable[str]) -> None:
         """Create the topics that do not exist yet."""
+        ...
+
+    def read_before_committed(self, topic: str, group_id: str, per_partition: int
+                              ) -> Iterator[Message]:
+        """Up to the last ``per_partition`` records of each partition of ``topic`` before
+        ``group_id``'s committed offset, without joining the group or moving its offsets:
+        what a restarted stage reads to rebuild the state its group's commits left behind."""
         ...
 
     def close(self) -> None: ...
@@ -208,6 +215,16 @@ class InMemoryBus:
             if consumer in members:
                 members.remove(consumer)
                 self._rebalance(consumer.group_id)
+
+    def read_before_committed(self, topic: str, group_id: str, per_partition: int
+                              ) -> Iterator[Message]:
+        with self._cond:
+            committed = dict(self._committed[group_id])
+            parts = self._log(topic).partitions
+            out = [m for p, part in enumerate(parts)
+                   for m in part[max(0, committed.get((topic, p), 0) - per_partition):
+                                 committed.get((topic, p), 0)]]
+        yield from out
 
     def end_offsets(self, topic: str) -> list[int]:
         with self._cond:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -93,6 +94,49 @@ class KafkaBus:
             fetch_max_bytes=max(4 * s.max_record_bytes, 52_428_800),
         )
         return KafkaBusConsumer(consumer)
+
+    def read_before_committed(self, topic: str, group_id: str, per_partition: int,
+                              *, timeout_s: float = 60.0) -> Iterator[Message]:
+        """Assigned by hand (the group is not joined, its offsets not touched): reads its
+        committed offsets, seeks ``per_partition`` records back and reads up to them."""
+        s = self.settings
+        consumer = KafkaConsumer(
+            **s.client_options(),
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=max(2 * s.max_record_bytes, 1_048_576),
+        )
+        try:
+            partitions = consumer.partitions_for_topic(topic) or set()
+            ends: dict[TopicPartition, int] = {}
+            for p in sorted(partitions):
+                tp = TopicPartition(topic, p)
+                committed = consumer.committed(tp)
+                if committed:
+                    ends[tp] = committed
+            if not ends:
+                return
+            consumer.assign(list(ends))
+            for tp, end in ends.items():
+                consumer.seek(tp, max(0, end - per_partition))
+            wrapped = KafkaBusConsumer(consumer)
+            deadline = time.monotonic() + timeout_s
+            while ends:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"reading {topic} back to {group_id}'s committed offsets took over "
+                        f"{timeout_s:.0f} s; {len(ends)} partition(s) unfinished")
+                for m in wrapped.poll(timeout_s=1.0):
+                    tp = TopicPartition(m.topic, m.partition)
+                    if tp in ends and m.offset < ends[tp]:
+                        yield m
+                for tp in list(ends):  # done once the position reaches the commit
+                    if consumer.position(tp) >= ends[tp]:
+                        del ends[tp]
+                        consumer.pause(tp)
+        finally:
+            consumer.close(autocommit=False)
 
     def ensure_topics(self, topics: Iterable[str]) -> None:
         admin = KafkaAdminClient(**self.settings.client_options())

@@ -98,3 +98,29 @@ def test_payload_bytes_survive_unchanged(bus: Bus, unique: str, size: int) -> No
     bus.flush()
     (m,) = drain(bus, topic, f"{unique}.g", 1)
     assert m.value == payload and m.key is None
+
+
+def test_read_before_committed_gives_the_records_behind_a_groups_commit(
+    bus: Bus, unique: str
+) -> None:
+    """A restarted stage reads back what its group already committed, at most N a
+    partition, without touching the group's offsets."""
+    topic, group = f"{unique}.in", f"{unique}.g"
+    bus.ensure_topics([topic])
+    assert list(bus.read_before_committed(topic, group, 100)) == []  # nothing committed yet
+    for i in range(9):
+        bus.publish(topic, str(i).encode(), key="k")  # one key: one partition, in order
+    bus.flush()
+    first = bus.consumer([topic], group)
+    seen: list = []
+    deadline = time.monotonic() + 20
+    while len(seen) < 9 and time.monotonic() < deadline:
+        seen.extend(first.poll(0.5))
+    first.commit([m for m in seen if int(m.value) < 6])  # committed up to "5"
+    first.close()
+
+    assert [int(m.value) for m in bus.read_before_committed(topic, group, 100)] == list(
+        range(6))
+    assert [int(m.value) for m in bus.read_before_committed(topic, group, 2)] == [4, 5]
+    # the group still resumes after its commit
+    assert sorted(int(m.value) for m in drain(bus, topic, group, 3)) == [6, 7, 8]
