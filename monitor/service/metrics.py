@@ -10,10 +10,11 @@ corrected verdict adds one), so the counters only grow.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -64,6 +65,14 @@ def add_metrics(app: FastAPI, sessions: sessionmaker[Session]) -> CollectorRegis
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:
+        token = request.app.state.settings.metrics_token
+        if token is not None:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    given.strip().encode(), token.get_secret_value().encode()):
+                return PlainTextResponse(
+                    "GET /metrics needs 'Authorization: Bearer <VIGIL_PAGING_METRICS_TOKEN>'",
+                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
         return Response(generate_latest(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)
 
     app.state.metrics = registry

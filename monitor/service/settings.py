@@ -21,6 +21,11 @@ class PagingSettings(BaseSettings):
         default=None,
         description="signs session cookies; unset = random per process (logins end on restart)",
     )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="when set, GET /metrics needs 'Authorization: Bearer <token>' "
+        "(Prometheus: authorization.credentials); unset = open, as Prometheus targets are",
+    )
     public_url: str = Field(
         default="http://127.0.0.1:8000", description="base URL of the review pages, for links"
     )

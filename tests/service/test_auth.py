@@ -169,3 +169,20 @@ def test_login_never_redirects_off_site(client: TestClient, service: Service,
     r = client.post("/login", data={"token": service.tokens["reviewer"], "next": next_url},
                     follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/"
+
+
+def test_metrics_are_open_by_default_and_need_the_bearer_token_once_one_is_set(
+    client: TestClient, service: Service
+) -> None:
+    client.post("/api/v1/events", json=trigger("traj-m", 0), headers=service.auth("producer"))
+    open_ = client.get("/metrics")
+    assert open_.status_code == 200 and "vigil_pages_opened_total 1.0" in open_.text
+
+    with TestClient(service.app(metrics_token="scrape-me")) as guarded:
+        for headers in ({}, {"Authorization": "Bearer wrong"},
+                        {"Authorization": "Basic scrape-me"}):
+            r = guarded.get("/metrics", headers=headers)
+            assert r.status_code == 401 and "VIGIL_PAGING_METRICS_TOKEN" in r.text
+            assert r.headers["www-authenticate"] == "Bearer"
+        r = guarded.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
+        assert r.status_code == 200 and "vigil_pages_opened_total 1.0" in r.text
