@@ -80,11 +80,10 @@ class KafkaBus:
             reason = first.exception if first.is_done else "not acknowledged in time"
             raise DeliveryError(f"{len(failed)} record(s) not acknowledged: {reason}")
 
-    def consumer(self, topics: Sequence[str], group_id: str) -> KafkaBusConsumer:
+    def _consumer_options(self, group_id: str) -> dict[str, Any]:
         s = self.settings
-        consumer = KafkaConsumer(
-            *topics,
-            **s.client_options(),
+        return dict(
+            s.client_options(),
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -93,20 +92,15 @@ class KafkaBus:
             max_partition_fetch_bytes=max(2 * s.max_record_bytes, 1_048_576),
             fetch_max_bytes=max(4 * s.max_record_bytes, 52_428_800),
         )
-        return KafkaBusConsumer(consumer)
+
+    def consumer(self, topics: Sequence[str], group_id: str) -> KafkaBusConsumer:
+        return KafkaBusConsumer(KafkaConsumer(*topics, **self._consumer_options(group_id)))
 
     def read_before_committed(self, topic: str, group_id: str, per_partition: int,
                               *, timeout_s: float = 60.0) -> Iterator[Message]:
         """Assigned by hand (the group is not joined, its offsets not touched): reads its
         committed offsets, seeks ``per_partition`` records back and reads up to them."""
-        s = self.settings
-        consumer = KafkaConsumer(
-            **s.client_options(),
-            group_id=group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=max(2 * s.max_record_bytes, 1_048_576),
-        )
+        consumer = KafkaConsumer(**self._consumer_options(group_id))
         try:
             partitions = consumer.partitions_for_topic(topic) or set()
             ends: dict[TopicPartition, int] = {}
