@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from streams.bus import Bus
-from tests.streamutil import drain
+from tests.streamutil import drain, poll_n
 
 
 def test_publish_then_consume_keeps_key_headers_and_per_key_order(bus: Bus, unique: str) -> None:
@@ -38,10 +36,7 @@ def test_uncommitted_records_are_redelivered_to_the_group(bus: Bus, unique: str)
     bus.flush()
 
     first = bus.consumer([topic], group)
-    seen: list = []
-    deadline = time.monotonic() + 20
-    while len(seen) < 10 and time.monotonic() < deadline:
-        seen.extend(first.poll(0.5))
+    seen = poll_n(first, 10, timeout_s=20)
     assert len(seen) == 10
     committed = [m for m in seen if int(m.value) < 4]
     first.commit(committed)
@@ -112,10 +107,7 @@ def test_read_before_committed_gives_the_records_behind_a_groups_commit(
         bus.publish(topic, str(i).encode(), key="k")  # one key: one partition, in order
     bus.flush()
     first = bus.consumer([topic], group)
-    seen: list = []
-    deadline = time.monotonic() + 20
-    while len(seen) < 9 and time.monotonic() < deadline:
-        seen.extend(first.poll(0.5))
+    seen = poll_n(first, 9, timeout_s=20)
     first.commit([m for m in seen if int(m.value) < 6])  # committed up to "5"
     first.close()
 
