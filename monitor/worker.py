@@ -739,13 +739,19 @@ class RecallStage:
         t0 = time.monotonic()
         per_partition = max(1, self.join.max_steps)
         n = 0
-        for m in bus.read_before_committed(self.topics.scores, group_id, per_partition):
-            try:
-                rec = decode(m.value, Score)
-            except RecordError:
-                continue
-            self.join.on_score(rec)
-            n += 1
+        try:
+            for m in bus.read_before_committed(self.topics.scores, group_id, per_partition):
+                try:
+                    rec = decode(m.value, Score)
+                except RecordError:
+                    continue
+                self.join.on_score(rec)
+                n += 1
+        except Exception as e:  # noqa: BLE001 - recall counts are worth less than the stage
+            if self.report is not None:
+                self.report(f"vigil stream: recall stage read back {n} scores, then stopped "
+                            f"({type(e).__name__}: {e}); verdicts on older steps count only "
+                            "the tiers seen from now on")
         self.warmed_up += n
         if n and self.report is not None:
             self.report(f"vigil stream: recall stage read back {n} scores of steps screened "

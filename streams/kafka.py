@@ -97,7 +97,7 @@ class KafkaBus:
         return KafkaBusConsumer(KafkaConsumer(*topics, **self._consumer_options(group_id)))
 
     def read_before_committed(self, topic: str, group_id: str, per_partition: int,
-                              *, timeout_s: float = 60.0) -> Iterator[Message]:
+                              *, timeout_s: float = 300.0) -> Iterator[Message]:
         """Assigned by hand (the group is not joined, its offsets not touched): reads its
         committed offsets, seeks ``per_partition`` records back and reads up to them."""
         consumer = KafkaConsumer(**self._consumer_options(group_id))

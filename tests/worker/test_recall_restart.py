@@ -4,6 +4,8 @@ real broker."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry
 
 from dashboards.ground_truth import reached_counts
@@ -69,3 +71,33 @@ def test_a_verdict_after_a_restart_counts_against_the_tiers_reached_before_it(
     # process and is not counted again
     assert reached_counts(second.metrics) == {"human": [4, 3, 2, 1]}
     assert any("read back 9 scores" in line for line in said)
+
+
+def test_a_read_back_that_fails_halfway_keeps_what_it_read_and_the_stage_runs() -> None:
+    """A broker that stops answering during the read-back costs recall counts of older
+    steps, not the stage."""
+    from dashboards.ground_truth import LabelJoin
+    from monitor.worker import RecallStage
+    from streams.bus import InMemoryBus, Message
+
+    class StallingBus(InMemoryBus):
+        def read_before_committed(self, topic: str, group_id: str, per_partition: int
+                                  ) -> Iterator[Message]:
+            it = super().read_before_committed(topic, group_id, per_partition)
+            yield next(it)
+            raise TimeoutError("reading back took over 300 s")
+
+    topics = Topics()
+    bus = StallingBus(partitions=1)
+    for tier in (0, 1):
+        publish_record(bus, topics.scores, Score(trajectory_id="traj", step_id="s1", tier=tier,
+                                                 score=0.9, flagged=True), key="traj")
+    bus._committed["g"][(topics.scores, 0)] = 2  # a previous process committed both
+    said: list[str] = []
+    metrics = WorkerMetrics(CollectorRegistry())
+    stage = RecallStage(topics, LabelJoin(metrics), report=said.append)
+    proc = stage.processor(bus, "g")
+    assert stage.warmed_up == 1 and any("then stopped (TimeoutError" in s for s in said)
+    publish_record(bus, topics.labels, _label("s1"), key="traj")
+    proc.run(idle_timeout_s=0.5)
+    assert reached_counts(metrics) == {"human": [1, 1, 0, 0]}  # the tier-0 score it read
