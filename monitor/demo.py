@@ -378,15 +378,16 @@ def _wait_until_quiet(
     worker: Any, steps: Callable[[], int], trees: int, deadline: float
 ) -> None:
     """Until the worker screened what was sent (rebuilt rollout steps included) and
-    reviewed every escalation, or the deadline passes."""
+    reviewed every escalation, canaries' too, or the deadline passes."""
     quiet_since = time.monotonic()
     last = None
     while time.monotonic() < deadline and not worker.errors:
         st = worker.stats
-        now = (st.steps, st.reviewed, st.trees)
+        now = (st.steps, st.canaries, st.reviewed, st.trees)
         if now != last:
             last, quiet_since = now, time.monotonic()
-        done = st.trees >= trees and st.steps >= steps() and st.reviewed >= st.reached[2]
+        done = (st.trees >= trees and st.steps >= steps()
+                and st.reviewed >= st.reached[2] + st.canaries_reviewed)
         if done and time.monotonic() - quiet_since > 2.0:
             return
         time.sleep(0.2)

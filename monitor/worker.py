@@ -102,6 +102,7 @@ class WorkerStats:
     quarantined: int = 0
     trees: int = 0
     canaries: int = 0  # canary steps screened
+    canaries_reviewed: int = 0  # canary steps that reached L2 (the reviewer sees them too)
     dead_letters: dict[str, int] = field(default_factory=dict)  # per stage
     retries: dict[str, int] = field(default_factory=dict)  # per stage: batches consumed again
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -327,6 +328,8 @@ class ScreenStage:
         outputs.extend(self._inject(events, canary))
         self.stats.add_tiers((v.tier for v, c in zip(verdicts, canary, strict=True) if not c))
         self.stats.add("canaries", sum(canary))
+        self.stats.add("canaries_reviewed",
+                       sum(v.tier >= 2 for v, c in zip(verdicts, canary, strict=True) if c))
         if self.metrics is not None:
             self._observe(events, verdicts, canary, spent)
         return outputs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,12 @@ def test_demo_screens_the_samples_and_pages_as_it_goes(
     assert "of canaries)" in out.stdout
     canary = next(x for x in summary.splitlines() if x.strip().startswith("canary "))
     assert "L1 " in canary and "L3 " in canary
+    # the demo waited for the reviewer to finish the canaries too, not only the real steps
+    stats = [x for x in out.stdout.splitlines() if "vigil stream: screened" in x][-1]
+    real_l2 = int(re.search(r"L2 (\d+)", stats).group(1))  # type: ignore[union-attr]
+    reviewed = int(re.search(r"reviewed (\d+)", stats).group(1))  # type: ignore[union-attr]
+    harmful_canaries_l2 = int(re.search(r"L2 (\d+)/", canary).group(1))  # type: ignore[union-attr]
+    assert reviewed >= real_l2 + harmful_canaries_l2 > real_l2
 
 
 @pytest.mark.broker
