@@ -387,7 +387,7 @@ def _wait_until_quiet(
         if now != last:
             last, quiet_since = now, time.monotonic()
         done = (st.trees >= trees and st.steps >= steps()
-                and st.reviewed >= st.reached[2] + st.canaries_reviewed)
+                and st.reviewed >= st.reached[2] + st.canaries_to_review)
         if done and time.monotonic() - quiet_since > 2.0:
             return
         time.sleep(0.2)

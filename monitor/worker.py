@@ -102,7 +102,7 @@ class WorkerStats:
     quarantined: int = 0
     trees: int = 0
     canaries: int = 0  # canary steps screened
-    canaries_reviewed: int = 0  # canary steps that reached L2 (the reviewer sees them too)
+    canaries_to_review: int = 0  # canary steps that reached L2 (the reviewer sees them too)
     dead_letters: dict[str, int] = field(default_factory=dict)  # per stage
     retries: dict[str, int] = field(default_factory=dict)  # per stage: batches consumed again
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -328,7 +328,7 @@ class ScreenStage:
         outputs.extend(self._inject(events, canary))
         self.stats.add_tiers((v.tier for v, c in zip(verdicts, canary, strict=True) if not c))
         self.stats.add("canaries", sum(canary))
-        self.stats.add("canaries_reviewed",
+        self.stats.add("canaries_to_review",
                        sum(v.tier >= 2 for v, c in zip(verdicts, canary, strict=True) if c))
         if self.metrics is not None:
             self._observe(events, verdicts, canary, spent)
@@ -751,14 +751,14 @@ class RecallStage:
                 self.join.on_score(rec)
                 n += 1
         except Exception as e:  # noqa: BLE001 - recall counts are worth less than the stage
-            if self.report is not None:
-                self.report(f"vigil stream: recall stage read back {n} scores, then stopped "
-                            f"({type(e).__name__}: {e}); verdicts on older steps count only "
-                            "the tiers seen from now on")
+            said = (f"read back {n} scores, then stopped ({type(e).__name__}: {e}); verdicts "
+                    "on older steps count only the tiers seen from now on")
+        else:
+            said = (f"read back {n} scores of steps screened before the restart "
+                    f"({time.monotonic() - t0:.1f} s)") if n else ""
         self.warmed_up += n
-        if n and self.report is not None:
-            self.report(f"vigil stream: recall stage read back {n} scores of steps screened "
-                        f"before the restart ({time.monotonic() - t0:.1f} s)")
+        if said and self.report is not None:
+            self.report(f"vigil stream: recall stage {said}")
         return n
 
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 500) -> StreamProcessor:

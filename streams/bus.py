@@ -219,11 +219,11 @@ class InMemoryBus:
     def read_before_committed(self, topic: str, group_id: str, per_partition: int
                               ) -> Iterator[Message]:
         with self._cond:
-            committed = dict(self._committed[group_id])
-            parts = self._log(topic).partitions
-            out = [m for p, part in enumerate(parts)
-                   for m in part[max(0, committed.get((topic, p), 0) - per_partition):
-                                 committed.get((topic, p), 0)]]
+            committed = self._committed[group_id]
+            out = []
+            for p, part in enumerate(self._log(topic).partitions):
+                end = committed.get((topic, p), 0)
+                out.extend(part[max(0, end - per_partition):end])
         yield from out
 
     def end_offsets(self, topic: str) -> list[int]:

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real Tansu broker per test session, and both bus backends."""
+"""Shared fixtures: one real Tansu broker per test session, both bus backends, and topics of
+a test's own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from streams.broker import EmbeddedBroker
 from streams.bus import Bus, InMemoryBus
-from streams.config import KafkaSettings
+from streams.config import KafkaSettings, Topics
 from streams.kafka import KafkaBus
 
 _ids = itertools.count()
@@ -32,6 +33,12 @@ def kafka_settings(broker: EmbeddedBroker) -> KafkaSettings:
 def unique() -> str:
     """A name no other test uses (topics and groups outlive a test on the shared broker)."""
     return f"t{os.getpid()}-{next(_ids)}"
+
+
+@pytest.fixture
+def topics(unique: str) -> Topics:
+    """Every topic of this test's own (topics outlive a test on the session broker)."""
+    return Topics(**{name: f"{unique}.{name}" for name in Topics.model_fields})
 
 
 @pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.broker)])

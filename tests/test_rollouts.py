@@ -14,10 +14,6 @@ from streams.synthetic import coding_execution
 from tests.streamutil import drain
 
 
-def _topics(unique: str) -> Topics:
-    return Topics(**{name: f"{unique}.{name}" for name in Topics.model_fields})
-
-
 def _publish(bus: Bus, topics: Topics, records: list) -> None:  # type: ignore[type-arg]
     for r in records:
         dest = topics.tito_calls if r.kind == "tito.call" else topics.tito_executions
@@ -25,8 +21,9 @@ def _publish(bus: Bus, topics: Topics, records: list) -> None:  # type: ignore[t
     bus.flush()
 
 
-def test_each_policy_output_is_published_once_with_its_tree(bus: Bus, unique: str) -> None:
-    topics = _topics(unique)
+def test_each_policy_output_is_published_once_with_its_tree(
+    bus: Bus, topics: Topics, unique: str
+) -> None:
     bus.ensure_topics(topics.all())
     calls_a, end_a = coding_execution("exec-a", seed=1)
     calls_b, end_b = coding_execution("exec-b", harmful=True, seed=2)
@@ -58,8 +55,9 @@ def test_each_policy_output_is_published_once_with_its_tree(bus: Bus, unique: st
         assert mine[0].source == "rollout" and "USER: Add a --verbose flag" in mine[0].task
 
 
-def test_a_crash_before_an_execution_ends_replays_its_calls(bus: Bus, unique: str) -> None:
-    topics = _topics(unique)
+def test_a_crash_before_an_execution_ends_replays_its_calls(
+    bus: Bus, topics: Topics, unique: str
+) -> None:
     bus.ensure_topics(topics.all())
     calls_a, end_a = coding_execution("exec-a", seed=1)
     calls_b, end_b = coding_execution("exec-b", seed=2)
@@ -81,8 +79,9 @@ def test_a_crash_before_an_execution_ends_replays_its_calls(bus: Bus, unique: st
     assert got_a == {c.call_id for c in calls_a}, "exec-a's uncommitted calls were replayed"
 
 
-def test_a_call_after_its_execution_was_emitted_is_dead_lettered(bus: Bus, unique: str) -> None:
-    topics = _topics(unique)
+def test_a_call_after_its_execution_was_emitted_is_dead_lettered(
+    bus: Bus, topics: Topics, unique: str
+) -> None:
     bus.ensure_topics(topics.all())
     calls, end = coding_execution("exec-a", seed=1)
     late = calls[-1].model_copy(update={"call_id": "m99"})

@@ -41,7 +41,6 @@ from tests.worker.conftest import (  # noqa: F401 - fixtures
     eval_stream,
     start_stream,
     topic_env,
-    topics,
 )
 
 pytestmark = pytest.mark.broker

@@ -30,9 +30,8 @@ def _metric(text: str, name: str) -> float:
 
 @pytest.mark.broker
 def test_rlhealth_command_streams_tito_topics_to_scores_metrics_and_deadletters(
-    kafka_settings: KafkaSettings, unique: str
+    kafka_settings: KafkaSettings, topics: Topics, unique: str
 ) -> None:
-    topics = Topics(**{name: f"{unique}.{name}" for name in Topics.model_fields})
     bus = KafkaBus(kafka_settings)
     bus.ensure_topics(topics.all())
     run = simulate_rl_run(steps=12, queries=2, group_size=4, collapse_at=9, seed=5)

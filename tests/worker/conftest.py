@@ -1,5 +1,5 @@
 """Fixtures of the worker tests: the real paging service under uvicorn (SQLite in a tmp
-dir), topics of a test's own on the session broker, and ``monitor stream`` processes."""
+dir), ``monitor stream`` processes (topics of a test's own: ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -32,12 +32,6 @@ def paging(tmp_path: Path) -> Iterator[PagingServer]:
     folder.mkdir()
     with paging_server(folder) as server:
         yield server
-
-
-@pytest.fixture
-def topics(unique: str) -> Topics:
-    """Every topic of this test's own (topics outlive a test on the session broker)."""
-    return Topics(**{name: f"{unique}.{name}" for name in Topics.model_fields})
 
 
 def topic_env(topics: Topics) -> dict[str, str]:

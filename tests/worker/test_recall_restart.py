@@ -42,9 +42,8 @@ def _label(step: str) -> LabelRecord:
 
 
 def test_a_verdict_after_a_restart_counts_against_the_tiers_reached_before_it(
-    kafka_settings: KafkaSettings, unique: str
+    kafka_settings: KafkaSettings, topics: Topics, unique: str
 ) -> None:
-    topics = Topics(**{f: f"{unique}.{f}" for f in Topics.model_fields})
     bus = KafkaBus(kafka_settings)
     bus.ensure_topics(topics.all())
     for step, tiers in SCORES.items():
