@@ -95,8 +95,9 @@ def cmd_screen(args: argparse.Namespace) -> int:
     src = Path(args.file)
     if not src.exists():
         raise FileNotFoundError(f"{src}: no such file")
-    for _ in read_jsonl(src, Trajectory):  # a bad file fails before any model loads
-        pass
+    count = sum(1 for _ in read_jsonl(src, Trajectory))  # a bad file fails before any model
+    if count == 0:
+        raise ValueError(f"{src}: no trajectories (the file is empty or only blank lines)")
     screener = load_screener(args.policy, reviewer=not args.no_review)
     through = 1 if args.no_review else 2
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115

@@ -23,7 +23,18 @@ from typing import Protocol, runtime_checkable
 
 
 class DeliveryError(RuntimeError):
-    """The broker did not acknowledge one or more published records."""
+    """The broker did not acknowledge one or more published records (it may be down):
+    transient, so the caller publishes them again once it is back (``Bus.reset``)."""
+
+
+class CommitError(RuntimeError):
+    """A commit did not complete (a rebalance, or the broker is away): nothing is lost,
+    the next commit covers the same offsets, or the records are consumed again."""
+
+
+class RecordTooLarge(ValueError):
+    """One record is over the largest the bus can carry: that record's fault, not the
+    broker's, so retrying cannot help (the input that made it is dead-lettered)."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,8 @@ class Consumer(Protocol):
         ...
 
     def commit_positions(self, positions: Mapping[tuple[str, int], int]) -> None:
-        """Commit ``{(topic, partition): next offset to read}``."""
+        """Commit ``{(topic, partition): next offset to read}``; :class:`CommitError` if
+        the commit did not complete."""
         ...
 
     def close(self) -> None: ...
@@ -101,6 +113,16 @@ class Bus(Protocol):
         what a restarted stage reads to rebuild the state its group's commits left behind."""
         ...
 
+    def reset(self) -> None:
+        """After a :class:`DeliveryError`: drop the producer and the records it had not
+        had acknowledged; the next ``publish`` connects afresh (a restarted broker)."""
+        ...
+
+    def ping(self, timeout_s: float = 3.0) -> set[str]:
+        """The topics the broker has, within ``timeout_s``; :class:`DeliveryError` if it
+        does not answer (health checks)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -133,11 +155,13 @@ class InMemoryBus:
 
     Each group keeps committed offsets per partition; members of a group split
     partitions round-robin, re-split whenever a member joins or leaves. Nothing
-    outlives the process.
+    outlives the process. ``max_record_bytes`` is the largest value ``publish`` takes
+    (:class:`RecordTooLarge` above it), as a Kafka producer's request size limit is.
     """
 
-    def __init__(self, partitions: int = 3) -> None:
+    def __init__(self, partitions: int = 3, max_record_bytes: int | None = None) -> None:
         self.partitions = partitions
+        self.max_record_bytes = max_record_bytes
         self._logs: dict[str, _Log] = {}
         self._committed: dict[str, dict[tuple[str, int], int]] = defaultdict(dict)
         self._members: dict[str, list[InMemoryConsumer]] = defaultdict(list)
@@ -167,6 +191,9 @@ class InMemoryBus:
             raise DeliveryError("bus is closed")
         if not isinstance(value, bytes | bytearray):
             raise TypeError(f"value must be bytes, got {type(value).__name__}")
+        if self.max_record_bytes is not None and len(value) > self.max_record_bytes:
+            raise RecordTooLarge(f"a record of {len(value)} bytes for {topic} is over the "
+                                 f"bus's limit of {self.max_record_bytes} bytes")
         with self._cond:
             log = self._log(topic)
             p = partition_for(key, self.partitions, self._counter)
@@ -234,6 +261,15 @@ class InMemoryBus:
         """Every record of a topic (test and tail helper), partition by partition."""
         with self._cond:
             return [m for p in self._log(topic).partitions for m in p]
+
+    def reset(self) -> None:
+        return None  # nothing is ever left unacknowledged
+
+    def ping(self, timeout_s: float = 3.0) -> set[str]:
+        if self._closed:
+            raise DeliveryError("bus is closed")
+        with self._cond:
+            return set(self._logs)
 
     def close(self) -> None:
         self._closed = True

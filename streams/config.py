@@ -39,6 +39,11 @@ class KafkaSettings(BaseSettings):
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 2000
     request_timeout_ms: int = 30_000
+    max_block_ms: int = Field(
+        default=10_000, ge=100, description="longest a publish waits for topic metadata")
+    metadata_max_age_ms: int = Field(
+        default=5_000, ge=100,
+        description="how often clients refresh metadata (finds topics made on a new broker)")
 
     def client_options(self) -> dict[str, Any]:
         """Options common to kafka-python producers, consumers and admin clients."""

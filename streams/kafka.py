@@ -2,6 +2,11 @@
 
 Producer: ``acks=all`` with idempotence, so a retried send is written once.
 Consumer: auto-commit off; the caller commits after its outputs are flushed.
+
+A broker that goes away is never fatal here: ``publish`` does not raise for it
+(the record's failure surfaces at ``flush`` as :class:`DeliveryError`), ``reset``
+drops a producer that a restarted broker no longer knows, and metadata is
+refreshed every few seconds, so topics made again on a new broker are found.
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
-from streams.bus import DeliveryError, Message, commit_offsets
+from streams.bus import CommitError, DeliveryError, Message, RecordTooLarge, commit_offsets
 from streams.config import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -35,6 +40,7 @@ class KafkaBus:
         self.settings = settings
         self._producer: KafkaProducer | None = None
         self._pending: list[Any] = []
+        self._admin: KafkaAdminClient | None = None
 
     @property
     def producer(self) -> KafkaProducer:
@@ -45,6 +51,8 @@ class KafkaBus:
                 acks="all",
                 enable_idempotence=True,
                 linger_ms=5,
+                max_block_ms=s.max_block_ms,
+                metadata_max_age_ms=s.metadata_max_age_ms,
                 # room for a dead-lettered record plus its headers
                 max_request_size=max(2 * s.max_record_bytes, 1_048_576) + 65_536,
             )
@@ -58,12 +66,17 @@ class KafkaBus:
         key: str | None = None,
         headers: Mapping[str, bytes] | None = None,
     ) -> None:
-        fut = self.producer.send(
-            topic,
-            value=bytes(value),
-            key=key.encode() if key is not None else None,
-            headers=list((headers or {}).items()),
-        )
+        try:
+            fut = self.producer.send(
+                topic,
+                value=bytes(value),
+                key=key.encode() if key is not None else None,
+                headers=list((headers or {}).items()),
+            )
+        except MessageSizeTooLargeError as e:
+            raise RecordTooLarge(f"a record of {len(value)} bytes for {topic}: {e}") from None
+        except KafkaError as e:  # the broker, not the record: surfaces at flush
+            fut = _Failed(e)
         self._pending.append(fut)
 
     def flush(self, timeout_s: float = 30.0) -> None:
@@ -74,6 +87,8 @@ class KafkaBus:
             self._producer.flush(timeout=timeout_s)
         except KafkaError as e:
             raise DeliveryError(f"flush did not complete: {e}") from e
+        except AssertionError as e:  # kafka-python asserts on a producer a broker forgot
+            raise DeliveryError(f"flush did not complete: {e!r}") from e
         failed = [f for f in pending if not f.succeeded()]
         if failed:
             first = failed[0]
@@ -89,6 +104,7 @@ class KafkaBus:
             auto_offset_reset="earliest",
             session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms,
+            metadata_max_age_ms=s.metadata_max_age_ms,
             max_partition_fetch_bytes=max(2 * s.max_record_bytes, 1_048_576),
             fetch_max_bytes=max(4 * s.max_record_bytes, 52_428_800),
         )
@@ -147,7 +163,29 @@ class KafkaBus:
         finally:
             admin.close()
 
+    def reset(self) -> None:
+        producer, self._producer, self._pending = self._producer, None, []
+        if producer is not None:
+            with contextlib.suppress(Exception):  # it is being dropped for failing
+                producer.close(timeout=0)
+
+    def ping(self, timeout_s: float = 3.0) -> set[str]:
+        """The broker's topics, by one metadata request of at most ``timeout_s``."""
+        try:
+            if self._admin is None:
+                opts = self.settings.client_options()
+                opts["request_timeout_ms"] = int(timeout_s * 1000)
+                self._admin = KafkaAdminClient(**opts)
+            return set(self._admin.list_topics())
+        except Exception as e:  # noqa: BLE001 - any failure means "not answering"
+            raise DeliveryError(f"the broker at {self.settings.bootstrap_servers} does not "
+                                f"answer: {type(e).__name__}: {e}") from None
+
     def close(self) -> None:
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                self._admin.close()
+            self._admin = None
         if self._producer is not None:
             try:
                 self.flush()
@@ -156,7 +194,21 @@ class KafkaBus:
                 self._producer = None
 
 
+class _Failed:
+    """A send that failed before it was queued, as a future that flush reports."""
+
+    is_done = True
+
+    def __init__(self, exception: Exception) -> None:
+        self.exception = exception
+
+    def succeeded(self) -> bool:
+        return False
+
+
 class KafkaBusConsumer:
+    commit_timeout_ms = 10_000  # a commit that cannot finish raises instead of hanging
+
     def __init__(self, consumer: KafkaConsumer) -> None:
         self._c = consumer
 
@@ -191,7 +243,10 @@ class KafkaBusConsumer:
             for (t, p), nxt in positions.items()
         }
         if offsets:
-            self._c.commit(offsets)
+            try:
+                self._c.commit(offsets, timeout_ms=self.commit_timeout_ms)
+            except (KafkaError, AssertionError) as e:
+                raise CommitError(f"commit did not complete: {type(e).__name__}: {e}") from e
 
     def lags(self) -> dict[tuple[str, int], int]:
         """Records behind the high watermark, per assigned partition whose watermark the

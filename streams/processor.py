@@ -5,9 +5,19 @@ A batch's input offsets are committed only after every output of that batch
 the batch and loses nothing; outputs carry an idempotency key so consumers can
 drop the duplicates a redelivery makes (DESIGN §2.4).
 
-A record that is too large, is not JSON, or does not validate goes to the
-dead-letter topic with the original bytes as its value and the reason in its
-headers, and the loop moves on.
+A record that is too large, too deep, is not JSON, or does not validate goes
+to the dead-letter topic with the original bytes as its value (cut to
+``deadletter_max_bytes``, the original size in a header) and the reason in its
+headers, and the loop moves on: no exception raised while decoding or handling
+one record stops the loop. An output too large for the bus is dead-lettered in
+its place, with the reason.
+
+A broker that stops acknowledging is waited out, not fatal: every record
+published since the last acknowledged flush is kept, and on a
+:class:`DeliveryError` the processor reports itself unhealthy, backs off, drops
+its producer (``Bus.reset``), makes its topics again where a new broker lacks
+them, publishes the kept records again and flushes, until the broker answers;
+only then does it commit. Idempotency keys make the repeats harmless.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from streams.bus import Bus, Consumer, Message
+from streams.bus import Bus, CommitError, Consumer, DeliveryError, Message, RecordTooLarge
 from streams.records import SCHEMA_VERSION, Record, RecordError, decode, encode
 
 log = logging.getLogger(__name__)
@@ -33,6 +43,7 @@ H_DLQ_TOPIC = "vigil-dlq-topic"
 H_DLQ_PARTITION = "vigil-dlq-partition"
 H_DLQ_OFFSET = "vigil-dlq-offset"
 H_DLQ_GROUP = "vigil-dlq-group"
+H_DLQ_SIZE = "vigil-dlq-original-bytes"  # set when the value was cut to the limit
 
 
 class RetryLater(Exception):  # noqa: N818 - it is an instruction, not an error
@@ -64,9 +75,12 @@ def publish_record(
     bus.publish(topic, encode(record), key=key, headers=record_headers(record, idempotency_key))
 
 
-def dead_letter(bus: Bus, topic: str, message: Message, reason: str, group_id: str = "") -> None:
-    """Publish ``message`` unchanged to ``topic`` with why and where it came from."""
-    headers = dict(message.headers)
+def dead_letter_headers(
+    message: Message, reason: str, group_id: str = "", max_bytes: int | None = None
+) -> tuple[bytes, dict[str, bytes]]:
+    """The value and headers of ``message``'s dead letter: the original bytes (the first
+    ``max_bytes`` of them, with the original size in a header) and why and where."""
+    headers = {k: v for k, v in list(message.headers.items())[:64]}
     headers.update(
         {
             H_DLQ_REASON: reason.encode("utf-8", "replace")[:4096],
@@ -76,7 +90,18 @@ def dead_letter(bus: Bus, topic: str, message: Message, reason: str, group_id: s
             H_DLQ_GROUP: group_id.encode(),
         }
     )
-    bus.publish(topic, message.value, key=message.key, headers=headers)
+    value = message.value
+    if max_bytes is not None and len(value) > max_bytes:
+        headers[H_DLQ_SIZE] = str(len(value)).encode()
+        value = value[:max_bytes]
+    return value, headers
+
+
+def dead_letter(bus: Bus, topic: str, message: Message, reason: str, group_id: str = "",
+                max_bytes: int | None = None) -> None:
+    """Publish ``message`` to ``topic`` with why and where it came from."""
+    value, headers = dead_letter_headers(message, reason, group_id, max_bytes)
+    bus.publish(topic, value, key=message.key, headers=headers)
 
 
 Handler = Callable[[Record, Message], Iterable[Output]]
@@ -92,7 +117,19 @@ class ProcessorStats:
     produced: int = 0
     batches: int = 0
     retries: int = 0
+    delivery_failures: int = 0  # flushes the broker did not acknowledge (then retried)
+    commit_failures: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A record published but not yet acknowledged: published again after a reset."""
+
+    topic: str
+    value: bytes
+    key: str | None
+    headers: Mapping[str, bytes]
 
 
 class StreamProcessor:
@@ -114,6 +151,11 @@ class StreamProcessor:
     ``tick``, called after every poll to emit what became ready, and ``hold``,
     which returns per partition the first offset whose input is still only in
     memory: commits never pass it, so a crash redelivers what was buffered.
+
+    ``on_health(ok, reason)`` is called when delivery to the broker fails (``ok``
+    false, with why) and again when it works again; ``ensure_topics`` are the topics
+    made again on a broker that lacks them (the inputs and the dead-letter topic
+    always are).
     """
 
     def __init__(
@@ -126,10 +168,13 @@ class StreamProcessor:
         deadletter_topic: str,
         batch_handler: BatchHandler | None = None,
         max_record_bytes: int = 1_048_576,
+        deadletter_max_bytes: int = 1_048_576,
         batch_size: int = 500,
         tick: Callable[[], Iterable[Output]] | None = None,
         hold: Callable[[], Positions] | None = None,
         on_batch: Callable[[ProcessorStats], None] | None = None,
+        ensure_topics: Sequence[str] = (),
+        flush_timeout_s: float = 10.0,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ValueError("a StreamProcessor takes exactly one of handler and batch_handler")
@@ -140,11 +185,15 @@ class StreamProcessor:
         self.batch_handler = batch_handler
         self.deadletter_topic = deadletter_topic
         self.max_record_bytes = max_record_bytes
+        self.deadletter_max_bytes = deadletter_max_bytes
         self.batch_size = batch_size
         self.tick = tick
         self.hold = hold
         self.on_batch = on_batch
+        self.ensure_topics = list(dict.fromkeys([*self.models, deadletter_topic, *ensure_topics]))
+        self.flush_timeout_s = flush_timeout_s
         self.on_assigned: Callable[[], None] | None = None  # called once partitions arrive
+        self.on_health: Callable[[bool, str], None] | None = None  # delivery lost / back
         # called at most every ``lag_every_s`` with the input lag per partition (metrics)
         self.on_lag: Callable[[Mapping[tuple[str, int], int]], None] | None = None
         self.lag_every_s = 1.0
@@ -152,23 +201,44 @@ class StreamProcessor:
         self.stats = ProcessorStats()
         self._seen: dict[tuple[str, int], int] = {}  # next offset after the last polled
         self._committed: dict[tuple[str, int], int] = {}
+        self._unacked: list[_Pending] = []  # published since the last acknowledged flush
+        self._delivering = True  # the last flush was acknowledged
+
+    # --- publishing -----------------------------------------------------------------
+
+    def _publish(self, topic: str, value: bytes, key: str | None,
+                 headers: Mapping[str, bytes]) -> None:
+        self.bus.publish(topic, value, key=key, headers=headers)  # RecordTooLarge: not kept
+        self._unacked.append(_Pending(topic, value, key, headers))
 
     def reject(self, message: Message, reason: str) -> None:
         """Dead-letter ``message`` (original bytes, reason in the headers)."""
         log.warning(
-            "dead-lettering %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason
+            "dead-lettering %s[%d]@%d: %s", message.topic, message.partition, message.offset,
+            reason[:500],
         )
-        dead_letter(self.bus, self.deadletter_topic, message, reason, self.group_id)
+        value, headers = dead_letter_headers(message, reason, self.group_id,
+                                             self.deadletter_max_bytes)
+        self._publish(self.deadletter_topic, value, message.key, headers)
         self.stats.dead_lettered += 1
         kind = reason.split(":", 1)[0]
         self.stats.reasons[kind] = self.stats.reasons.get(kind, 0) + 1
 
     def _emit(self, outputs: Iterable[Output]) -> None:
         for out in outputs:
-            publish_record(
-                self.bus, out.topic, out.record, key=out.key, idempotency_key=out.idempotency_key
-            )
+            value = encode(out.record)
+            headers = record_headers(out.record, out.idempotency_key)
+            try:
+                self._publish(out.topic, value, out.key, headers)
+            except RecordTooLarge as e:  # that output's fault: it goes to the dead letters
+                self.reject(
+                    Message(out.topic, -1, -1, out.key, value, headers),
+                    f"output: {out.record.kind} record for {out.topic} too large ({e})",
+                )
+                continue
             self.stats.produced += 1
+
+    # --- handling -------------------------------------------------------------------
 
     def process(self, messages: Sequence[Message]) -> None:
         """Handle one polled batch and publish its outputs (not yet flushed)."""
@@ -188,6 +258,9 @@ class StreamProcessor:
                 record = decode(m.value, self.models[m.topic])
             except RecordError as e:
                 self.reject(m, f"invalid: {e}")
+                continue
+            except Exception as e:  # noqa: BLE001 - decode's contract is RecordError; be sure
+                self.reject(m, f"invalid: {type(e).__name__}: {str(e)[:300]}")
                 continue
             if self.batch_handler is None:
                 self._handle_one(record, m)
@@ -218,10 +291,54 @@ class StreamProcessor:
             raise
         except Exception as e:  # a poisoned record must not stop the stream
             log.exception("handler failed on %s[%d]@%d", m.topic, m.partition, m.offset)
-            self.reject(m, f"handler: {type(e).__name__}: {e}")
+            self.reject(m, f"handler: {type(e).__name__}: {str(e)[:1000]}")
             return
         self._emit(outputs)
         self.stats.processed += 1
+
+    # --- delivery and commits -------------------------------------------------------
+
+    def _health(self, ok: bool, reason: str) -> None:
+        if ok == self._delivering:
+            return
+        self._delivering = ok
+        if ok:
+            log.warning("%s: the broker acknowledges again", self.group_id)
+        else:
+            log.error("%s: %s", self.group_id, reason)
+        if self.on_health is not None:
+            self.on_health(ok, reason)
+
+    def deliver(self, stop: threading.Event | None = None, backoff_s: float = 1.0) -> bool:
+        """Flush until the broker acknowledges everything published since the last flush;
+        False if ``stop`` was set first (then nothing may be committed)."""
+        backoff = backoff_s
+        while True:
+            try:
+                self.bus.flush(self.flush_timeout_s)
+            except DeliveryError as e:
+                self.stats.delivery_failures += 1
+                self._health(False, f"the broker did not acknowledge {len(self._unacked)} "
+                                    f"record(s): {str(e)[:300]}; retrying in {backoff:.0f} s")
+            else:
+                self._unacked.clear()
+                self._health(True, "")
+                return True
+            if stop is not None and stop.wait(backoff):
+                return False
+            if stop is None:
+                time.sleep(backoff)
+            backoff = min(2 * backoff, 30.0)
+            self.bus.reset()
+            try:  # a broker that came back empty lacks our topics
+                self.bus.ensure_topics(self.ensure_topics)
+            except Exception as e:  # noqa: BLE001 - still down: the next flush says so
+                log.debug("ensure_topics failed: %s", e)
+            for r in self._unacked:
+                try:
+                    self.bus.publish(r.topic, r.value, key=r.key, headers=r.headers)
+                except RecordTooLarge:  # pragma: no cover - it was taken before
+                    continue
 
     def _commit(self, consumer: Consumer) -> None:
         held = self.hold() if self.hold else {}
@@ -231,7 +348,13 @@ class StreamProcessor:
             if pos > self._committed.get(tp, -1):
                 positions[tp] = pos
         if positions:
-            consumer.commit_positions(positions)
+            try:
+                consumer.commit_positions(positions)
+            except CommitError as e:  # the outputs are acknowledged; the next commit covers it
+                self.stats.commit_failures += 1
+                log.warning("%s: %s (offsets are committed with the next batch)",
+                            self.group_id, e)
+                return
             self._committed.update(positions)
 
     def run(
@@ -250,7 +373,8 @@ class StreamProcessor:
         When the handler raises :class:`RetryLater`, what the batch published so
         far is flushed, nothing is committed, and the member leaves the group
         and joins again after ``retry_backoff_s`` (doubling up to a minute), so
-        the batch is redelivered from the last commit."""
+        the batch is redelivered from the last commit. When the broker does not
+        acknowledge, :meth:`deliver` waits it out before anything is committed."""
         consumer = self.bus.consumer(list(self.models), self.group_id)
         backoff = retry_backoff_s
         last_input: float | None = None
@@ -276,7 +400,8 @@ class StreamProcessor:
                         self.stats.retries += 1
                         log.warning("%s: %s; consuming the batch again in %.1f s",
                                     self.group_id, e, backoff)
-                        self.bus.flush()
+                        if not self.deliver(stop):
+                            break
                         consumer.close()
                         if stop is not None:
                             stop.wait(backoff)
@@ -293,7 +418,8 @@ class StreamProcessor:
                 if self.tick:
                     self._emit(self.tick())
                 if batch or self.tick:
-                    self.bus.flush()  # outputs acknowledged ...
+                    if not self.deliver(stop):  # outputs acknowledged ...
+                        break  # stopped while the broker was away: commit nothing
                     self._commit(consumer)  # ... before the inputs are committed
                 if self.on_lag and time.monotonic() - last_lag >= self.lag_every_s:
                     last_lag = time.monotonic()

@@ -11,13 +11,19 @@ a producer is caught at the edge instead of silently ignored.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Iterable, Iterator
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SCHEMA_VERSION = 1
+# Bounds checked before a payload is parsed: deeper JSON is refused (a 5,000-deep list
+# overflows the parser's stack), and so is a payload over ``max_bytes`` where one is given.
+MAX_DEPTH = 64
 
 Role = Literal["main", "main_summary", "sub", "sub_summary"]
 Source = Literal["rollout", "deployment", "benchmark"]
@@ -334,15 +340,100 @@ def validate(obj: Any, model: type[R], *, line: int | None = None) -> R:
         elif err["type"] == "extra_forbidden":
             msg = "unknown key"
         raise RecordError(model.kind, f"{msg}{more}", field=field, line=line) from None
+    except (ValueError, TypeError, RecursionError) as e:  # a validator's own failure
+        raise RecordError(model.kind, f"{type(e).__name__}: {str(e)[:200]}", line=line) from None
 
 
-def decode(data: bytes | str, model: type[R], *, line: int | None = None) -> R:
-    """Parse and validate one JSON payload as ``model``."""
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def nesting_depth(data: bytes, limit: int = MAX_DEPTH) -> int:
+    """How deep the arrays and objects of a JSON text nest (brackets inside strings do
+    not count). Linear in the input, and free for a text with at most ``limit`` opening
+    brackets, whose depth cannot exceed the limit (the answer is then that count)."""
+    opened = data.count(b"[") + data.count(b"{")
+    if opened <= limit:
+        return opened
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    steps = (1 if b in (0x5B, 0x7B) else -1 for b in brackets)  # [ {  vs  ] }
+    return max(accumulate(steps, initial=0))
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """The first string (key or value) in ``obj`` that UTF-8 cannot encode, if any."""
+    todo = [obj]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, dict):
+            todo.extend(x.keys())
+            todo.extend(x.values())
+        elif isinstance(x, list):
+            todo.extend(x)
+        elif isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return x
+    return None
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return x
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(
+    data: bytes | str,
+    kind: str,
+    *,
+    line: int | None = None,
+    max_bytes: int | None = None,
+    max_depth: int = MAX_DEPTH,
+) -> Any:
+    """Parse one JSON text, bounded: over ``max_bytes`` or nested deeper than
+    ``max_depth`` is refused before parsing; NaN, Infinity and numbers out of float range
+    are refused (they are not JSON, and no score can be computed from them). Every
+    failure is one :class:`RecordError`; nothing else escapes."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise RecordError(kind, f"payload of {len(raw)} bytes exceeds the limit of "
+                                f"{max_bytes} bytes", line=line)
+    depth = nesting_depth(raw, max_depth)
+    if depth > max_depth:
+        raise RecordError(kind, f"nested {depth} levels deep, over the limit of {max_depth}",
+                          line=line)
     try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RecordError(model.kind, f"not valid JSON ({e})", line=line) from None
-    return validate(obj, model, line=line)
+        obj = json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise RecordError(kind, f"not valid JSON ({e})", line=line) from None
+    except UnicodeDecodeError as e:
+        raise RecordError(kind, f"not valid UTF-8 ({e.reason} at byte {e.start})",
+                          line=line) from None
+    except (ValueError, RecursionError, MemoryError) as e:  # huge ints, NaN, out of range
+        raise RecordError(kind, f"not valid JSON ({type(e).__name__}: {str(e)[:200]})",
+                          line=line) from None
+    if _SURROGATE.search(raw) and (bad := _lone_surrogate(obj)) is not None:
+        raise RecordError(kind, f"a string holds an unpaired UTF-16 surrogate ({ascii(bad)[:60]})",
+                          line=line)
+    return obj
+
+
+def decode(
+    data: bytes | str, model: type[R], *, line: int | None = None, max_bytes: int | None = None
+) -> R:
+    """Parse and validate one JSON payload as ``model``; any failure is one
+    :class:`RecordError` (the dead-letter reason), never another exception."""
+    return validate(parse_json(data, model.kind, line=line, max_bytes=max_bytes), model, line=line)
 
 
 def read_jsonl(path: str | Path, model: type[R]) -> Iterator[R]:

@@ -9,7 +9,6 @@ one clear error and never a half-replayed file.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from streams.records import (
     StepEvent,
     TitoCall,
     Trajectory,
+    parse_json,
     sniff_kind,
     step_events,
     validate,
@@ -50,10 +50,7 @@ def read_records(path: str | Path) -> Iterator[Record]:
         for n, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            try:
-                obj = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise RecordError("JSON Lines", f"not valid JSON ({e})", line=n) from None
+            obj = parse_json(raw, "JSON Lines", line=n)
             if not isinstance(obj, dict):
                 raise RecordError("JSON Lines", "expected a JSON object", line=n)
             yield validate(obj, sniff_kind(obj), line=n)

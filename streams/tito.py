@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import json
 from array import array
 from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -41,6 +40,7 @@ from streams.records import (
     TitoCall,
     ToolCall,
     Trajectory,
+    parse_json,
 )
 
 Edge = Literal["continuation", "compaction"]
@@ -457,9 +457,9 @@ def _tool(call: TitoCall) -> ToolCall | None:
         return None
     args = first.get("arguments", {})
     if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        try:  # bounded like any payload: a too-deep or odd string is kept as text
+            args = parse_json(args, "tool call arguments") if args.strip() else {}
+        except RecordError:
             args = {"raw": args}
     if not isinstance(args, dict):
         args = {"value": args}
