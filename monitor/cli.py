@@ -66,18 +66,28 @@ def _check_reachable(settings: KafkaSettings) -> None:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from streams.broker import EmbeddedBroker
+    from streams.broker import BrokerError, EmbeddedBroker
     from streams.config import KafkaSettings, Topics
     from streams.kafka import KafkaBus
 
-    with EmbeddedBroker(port=args.port, host=args.host) as broker:
+    def create_topics(broker: EmbeddedBroker) -> None:
         bus = KafkaBus(KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
         bus.ensure_topics(Topics().all())
         bus.close()
-        print(f"broker ready on {broker.bootstrap_servers} (memory only; Ctrl-C stops it)")
-        print(f"  export VIGIL_KAFKA_BOOTSTRAP_SERVERS={broker.bootstrap_servers}", flush=True)
-        _wait_for_signal()
-        print("stopping broker", file=sys.stderr)
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with EmbeddedBroker(port=args.port, host=args.host, storage=args.storage) as broker:
+            create_topics(broker)
+            kept = f"kept in {args.storage}" if broker.durable else "memory only"
+            print(f"broker ready on {broker.bootstrap_servers} ({kept}; Ctrl-C stops it)")
+            print(f"  export VIGIL_KAFKA_BOOTSTRAP_SERVERS={broker.bootstrap_servers}", flush=True)
+            broker.supervise(stop, restart=args.restart, on_restart=create_topics)
+            print("stopping broker", file=sys.stderr)
+    except BrokerError as e:
+        raise CliError(str(e)) from None
     return 0
 
 
@@ -222,10 +232,22 @@ def build_parser() -> argparse.ArgumentParser:
         "broker",
         cmd_broker,
         "run the embedded Kafka-protocol broker (Tansu) in the foreground",
-        "monitor broker --port 9092",
+        "monitor broker --port 9092 --storage file:///var/lib/vigil/broker --restart",
     )
     p.add_argument("--port", type=int, default=9092, help="port to listen on (default 9092)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--storage",
+        metavar="URL",
+        default="memory://tansu/",
+        help="memory:// (default, lost on exit), file:///DIR (topics, records and committed "
+        "offsets kept in DIR across restarts), or another Tansu storage URL",
+    )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="if Tansu dies, start it again on the same port (default: exit non-zero)",
+    )
 
     p = add(
         "replay",
