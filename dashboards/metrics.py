@@ -18,6 +18,12 @@ worker (``monitor stream --metrics-port``)
     vigil_pages_triggered_total{result}             trigger events sent (opened | deduplicated)
     vigil_canaries_injected_total{stream}           canary steps injected into a live stream
     vigil_canaries_suppressed_total{what}           canary outputs held back (verdict | page)
+    vigil_broker_up                                 1 while the broker answers, 0 while not
+    vigil_broker_outages_total                      times the broker stopped answering
+    vigil_stage_delivering{stage}                   1 while the broker acknowledges the stage's
+                                                    outputs, 0 while they wait
+    vigil_delivery_failures_total{stage}            flushes not acknowledged (then retried)
+    vigil_rollout_timeouts_total{stage}             executions closed without their end
     vigil_labelled_steps_total{origin, stream, category, label, tier}
         labelled steps (label 0/1) that reached ``tier``; tier="0" counts every labelled
         step screened, so recall at tier k = reached{tier=k,label=1} / reached{tier=0,label=1}
@@ -86,6 +92,16 @@ class WorkerMetrics:
         self.canaries_suppressed = Counter(
             "vigil_canaries_suppressed",
             "Canary outputs held back from trainers and humans", ["what"], registry=r)
+        self.broker_up = Gauge("vigil_broker_up", "1 while the broker answers metadata "
+                               "requests, 0 while it does not", registry=r)
+        self.broker_outages = Counter("vigil_broker_outages", "Times the broker stopped "
+                                      "answering", registry=r)
+        self.delivering = Gauge("vigil_stage_delivering", "1 while the broker acknowledges the "
+                                "stage's outputs, 0 while they wait", ["stage"], registry=r)
+        self.delivery_failures = Counter("vigil_delivery_failures", "Flushes the broker did "
+                                         "not acknowledge (retried)", ["stage"], registry=r)
+        self.rollout_timeouts = Counter("vigil_rollout_timeouts", "Rollout executions closed "
+                                        "without their end (incomplete)", ["stage"], registry=r)
         self.labelled = Counter(
             "vigil_labelled_steps",
             "Labelled steps that reached a tier (tier 0: every labelled step screened)",
@@ -101,8 +117,12 @@ class WorkerMetrics:
         for stream in STREAMS:
             for tier in (2, 3):
                 self.escalations.labels(stream=stream, tier=str(tier))
+        self.broker_up.set(1)
         for stage in ("reassemble", "screen", "review", "recall"):
             self.step_latency.labels(stage=stage)
+            self.delivery_failures.labels(stage=stage)
+        for stage in ("reassemble", "screen"):
+            self.rollout_timeouts.labels(stage=stage)
         for result in ("opened", "deduplicated"):
             self.pages.labels(result=result)
         for stream in ("rollout", "deployment"):

@@ -28,9 +28,13 @@ EPILOG = textwrap.dedent(
       monitor stream --idle-timeout 10     # stop after 10 s without input (tests, demos)
       monitor stream --metrics-port 9108 --canary-rate 0.01   # /metrics, 1 canary per 100 steps
 
-    metrics and canaries:
+    metrics, health and canaries:
       --metrics-port serves Prometheus metrics on http://HOST:PORT/metrics (names in the
-      README). --canary-rate R injects R known-harmful canary trajectories per real step
+      README) and readiness on http://HOST:PORT/healthz: 200 while the broker answers and
+      every stage's outputs are acknowledged, 503 with the reasons (JSON) while not. A lost
+      broker is reported within seconds (an ALERT line, vigil_broker_up 0); the stages
+      wait for it, publish again and resume, committing nothing meanwhile.
+      --canary-rate R injects R known-harmful canary trajectories per real step
       (from --canaries, default $VIGIL_HOME/data/canaries.jsonl, built from the training
       split on first use); canaries are screened like real steps, never paged and never in
       a rollout verdict, and their recall is on the dashboards.
@@ -104,7 +108,9 @@ def cmd_stream(args: argparse.Namespace) -> int:
         canaries = CanaryInjector(load_canary_set(path), args.canary_rate)
         report(f"vigil stream: injecting canaries at {args.canary_rate:g} per step "
                f"({len(canaries.canaries)} in {path})")
-    metrics = None
+    if args.execution_timeout <= 0:
+        raise StreamCliError(f"--execution-timeout must be positive, got {args.execution_timeout}")
+    metrics = registry = None
     if args.metrics_port is None and os.environ.get("VIGIL_METRICS_PORT"):
         try:
             args.metrics_port = int(os.environ["VIGIL_METRICS_PORT"])
@@ -112,19 +118,12 @@ def cmd_stream(args: argparse.Namespace) -> int:
             got = os.environ["VIGIL_METRICS_PORT"]
             raise StreamCliError(f"VIGIL_METRICS_PORT must be a port number, got {got!r}") from None
     if args.metrics_port is not None:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
 
         from dashboards.metrics import WorkerMetrics
 
         registry = CollectorRegistry()
         metrics = WorkerMetrics(registry)
-        try:
-            start_http_server(args.metrics_port, addr=args.metrics_host, registry=registry)
-        except OSError as e:
-            raise StreamCliError(
-                f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e}"
-            ) from None
-        report(f"vigil stream: metrics on http://{args.metrics_host}:{args.metrics_port}/metrics")
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -139,6 +138,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         group=args.group,
         batch_size=args.batch_size,
         idle_timeout_s=args.idle_timeout,
+        execution_timeout_s=args.execution_timeout,
     )
     worker = Worker(
         config,
@@ -151,6 +151,18 @@ def cmd_stream(args: argparse.Namespace) -> int:
         metrics=metrics,
         canaries=canaries,
     )
+    if args.metrics_port is not None:
+        from dashboards.serve import serve_metrics
+
+        assert registry is not None
+        try:
+            serve_metrics(registry, args.metrics_host, args.metrics_port, health=worker.health)
+        except OSError as e:
+            raise StreamCliError(
+                f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e}"
+            ) from None
+        base = f"http://{args.metrics_host}:{args.metrics_port}"
+        report(f"vigil stream: metrics on {base}/metrics, health on {base}/healthz")
     return worker.run()
 
 
@@ -190,6 +202,9 @@ def add_parser(sub: Any) -> None:
                    "unset: no /metrics)")
     p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                    help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--execution-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="a rollout execution with no new record for this long gets a verdict "
+                   "marked incomplete, so it holds commits no longer (default 600)")
     p.add_argument("--canary-rate", type=float, default=0.0, metavar="R",
                    help="canary trajectories injected per real step (default 0: none)")
     p.add_argument("--canaries", metavar="PATH",

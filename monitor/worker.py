@@ -25,7 +25,11 @@ members (threads of one ``monitor stream``, or processes on many machines)::
   each step its history. Rollout executions are held: the stage never commits
   past the first step of an execution whose ``final`` step it has not seen, so
   after a crash or a rebalance the whole open execution is screened again and its
-  history and quarantine verdict are rebuilt exactly. Deployment trajectories are
+  history and quarantine verdict are rebuilt exactly. An execution whose final
+  step does not come within ``execution_timeout_s`` of its newest step (by the
+  wall clock, or by the producer times of later steps on its partition), or that
+  is the oldest of more than ``max_open_executions``, gets a verdict marked
+  ``incomplete`` and stops holding commits. Deployment trajectories are
   not held (they may never end): after a restart or a rebalance, the next steps of
   a trajectory in flight are screened with only the steps seen since as history.
 * **Nothing goes back to the agent.** The worker writes only the scores,
@@ -60,6 +64,7 @@ from streams.records import (
     Source,
     Step,
     StepEvent,
+    Trajectory,
     decode,
 )
 
@@ -69,6 +74,7 @@ if TYPE_CHECKING:
     from dashboards.metrics import WorkerMetrics
     from monitor.pipeline import Screener, StepVerdict
     from monitor.screening import ScreenStep
+    from streams.health import BrokerState
     from streams.rollouts import TreeSummary
 
 Report = Callable[[str], None]
@@ -85,6 +91,40 @@ def _finite(signals: Mapping[str, float]) -> dict[str, float]:
 
 def _clip01(x: float) -> float:
     return min(1.0, max(0.0, float(x))) if math.isfinite(x) else 0.0
+
+
+ESCALATION_MAX_BYTES = 512 * 1024  # an escalation's trajectory is cut to fit the bus
+
+
+def fit_trajectory(traj: Trajectory, max_bytes: int = ESCALATION_MAX_BYTES) -> Trajectory:
+    """``traj`` cut to at most about ``max_bytes`` of JSON, for an escalation record: the
+    oldest steps go first, then the texts of what is left are cut (``meta.vigil_cut``
+    says so). The step being escalated is always kept."""
+    size = len(traj.model_dump_json())
+    if size <= max_bytes:
+        return traj
+    steps = list(traj.steps)
+    while len(steps) > 1 and size > max_bytes:
+        size -= len(steps[0].model_dump_json())
+        steps.pop(0)
+    if size > max_bytes:
+        texts = max(1, (max_bytes - 4096) // 8)  # task + 3 texts a step, 2 steps' worth
+
+        def cut(text: str) -> str:
+            return text if len(text) <= texts else text[:texts] + " [... cut by vigil]"
+
+        fitted = []
+        for st in steps:
+            upd: dict[str, Any] = {
+                "observation": st.observation.model_copy(update={"text": cut(st.observation.text)}),
+                "action": st.action.model_copy(update={"text": cut(st.action.text)}),
+            }
+            if st.result is not None:
+                upd["result"] = st.result.model_copy(update={"text": cut(st.result.text)})
+            fitted.append(st.model_copy(update=upd))
+        steps = fitted
+    return traj.model_copy(update={"steps": steps, "task": traj.task[: 4 * max_bytes // 8],
+                                   "meta": {**traj.meta, "vigil_cut": True}})
 
 
 # --- stats ------------------------------------------------------------------------------
@@ -202,6 +242,10 @@ class _Execution:
     first: dict[tuple[str, int], int] = field(default_factory=dict)
     score: float = 0.0
     reasons: dict[str, str] = field(default_factory=dict)  # step id -> why it counts
+    last_seen: float = 0.0  # monotonic time of its newest step
+    last_ms: int = 0  # producer time of its newest step
+    partition: tuple[str, int] = ("", 0)
+    after_timeout: bool = False  # steps of an execution that had timed out already
 
 
 @dataclass(frozen=True)
@@ -233,6 +277,7 @@ class ScreenStage:
         canaries: CanaryInjector | None = None,
         history_trajectories: int = 10_000,
         max_open_executions: int = 10_000,
+        execution_timeout_s: float = 600.0,
         on_step: Callable[[ScreenedStep], None] | None = None,
         report: Report = _stderr,
     ) -> None:
@@ -243,6 +288,9 @@ class ScreenStage:
         self.canaries = canaries
         self.history = TrajectoryHistory(history_trajectories)
         self.max_open_executions = max_open_executions
+        self.execution_timeout_s = execution_timeout_s
+        self._timed_out: OrderedDict[str, None] = OrderedDict()  # executions closed early
+        self._stream_ms: dict[tuple[str, int], int] = {}  # newest producer time per partition
         self.on_step = on_step
         self.report = report
         self._open: OrderedDict[str, _Execution] = OrderedDict()
@@ -258,7 +306,21 @@ class ScreenStage:
             deadletter_topic=self.topics.deadletter,
             batch_size=batch_size,
             hold=self.hold,
+            tick=self.tick,
+            ensure_topics=self.topics.all(),
         )
+
+    def tick(self) -> list[Output]:
+        """Verdicts, marked incomplete, for open executions that timed out."""
+        if not self._open:
+            return []
+        now, limit_ms = time.monotonic(), self.execution_timeout_s * 1000
+        stale = [
+            eid for eid, ex in self._open.items()
+            if now - ex.last_seen >= self.execution_timeout_s
+            or (ex.last_ms > 0 and self._stream_ms.get(ex.partition, 0) - ex.last_ms >= limit_ms)
+        ]
+        return [o for eid in stale for o in self._close(eid, time.time(), timed_out=True)]
 
     def hold(self) -> Positions:
         """The first offset of every open rollout execution: commits never pass it."""
@@ -417,7 +479,7 @@ class ScreenStage:
                     score=_clip01(p),
                     signals=signals,
                     reason=f"L1 gate {p:.3f} >= threshold {gates[1].threshold:.3f}",
-                    trajectory=st.trajectory_so_far(),
+                    trajectory=fit_trajectory(st.trajectory_so_far()),
                     **common,
                 )
             )
@@ -427,10 +489,12 @@ class ScreenStage:
         if e.source != "rollout":
             return []
         eid = str(e.meta.get("execution_id") or e.trajectory_id)
-        ex = self._open.pop(eid, None) or _Execution()
-        self._open[eid] = ex
         tp = (m.topic, m.partition)
+        self._stream_ms[tp] = max(self._stream_ms.get(tp, 0), m.timestamp_ms)
+        ex = self._open.pop(eid, None) or _Execution(after_timeout=eid in self._timed_out)
+        self._open[eid] = ex  # most recently active last
         ex.first[tp] = min(ex.first.get(tp, m.offset), m.offset)
+        ex.last_seen, ex.last_ms, ex.partition = time.monotonic(), m.timestamp_ms, tp
         ex.score = max(ex.score, _clip01(v.score))
         if v.tier >= 2:
             ex.reasons[e.step.step_id] = (
@@ -438,33 +502,50 @@ class ScreenStage:
             )
         out: list[Output] = []
         if e.final:
-            del self._open[eid]
-            verdict = RolloutVerdict(
-                execution_id=eid,
-                quarantine=bool(ex.reasons),
-                score=ex.score,
-                reasons=list(ex.reasons.values()),
-                step_ids=list(ex.reasons),
-                created_at=now,
-            )
-            out.append(Output(self.topics.verdicts_rollout, verdict, key=eid,
-                              idempotency_key=f"{eid}/verdict"))
-            self.stats.add("verdicts")
-            if verdict.quarantine:
-                self.stats.add("quarantined")
-            if self.metrics is not None:
-                self.metrics.verdicts.labels(quarantine=str(verdict.quarantine).lower()).inc()
-            self.report(
-                f"rollout {eid}: {'QUARANTINE' if verdict.quarantine else 'admit'}"
-                + (f" ({'; '.join(verdict.reasons[:3])})" if verdict.reasons else "")
-            )
+            out.extend(self._close(eid, now, incomplete=bool(e.meta.get("incomplete"))))
         while len(self._open) > self.max_open_executions:
-            old, _ = self._open.popitem(last=False)
-            self.report(
-                f"warning: rollout {old} has been open too long ({self.max_open_executions} "
-                "newer executions); its verdict will cover only the steps still to come"
-            )
+            old = next(iter(self._open))
+            out.extend(self._close(old, now, timed_out=True))
         return out
+
+    def _close(self, eid: str, now: float, *, timed_out: bool = False,
+               incomplete: bool = False) -> list[Output]:
+        """The verdict of execution ``eid``; it holds commits no more."""
+        ex = self._open.pop(eid)
+        partial = timed_out or incomplete or ex.after_timeout
+        if timed_out:
+            self._timed_out[eid] = None
+            while len(self._timed_out) > 100_000:
+                self._timed_out.popitem(last=False)
+            if self.metrics is not None:
+                self.metrics.rollout_timeouts.labels(stage="screen").inc()
+        verdict = RolloutVerdict(
+            execution_id=eid,
+            quarantine=bool(ex.reasons),
+            score=ex.score,
+            reasons=list(ex.reasons.values()),
+            step_ids=list(ex.reasons),
+            created_at=now,
+            incomplete=partial,
+        )
+        # a verdict on the steps after a timeout is a second verdict, not a repeat
+        key = f"{eid}/verdict" + ("/after-timeout" if ex.after_timeout else "")
+        self.stats.add("verdicts")
+        if verdict.quarantine:
+            self.stats.add("quarantined")
+        if self.metrics is not None:
+            self.metrics.verdicts.labels(quarantine=str(verdict.quarantine).lower()).inc()
+        why = ""
+        if timed_out:
+            why = (f" [incomplete: no step for {self.execution_timeout_s:.0f} s, or over "
+                   f"{self.max_open_executions} open executions]")
+        elif partial:
+            why = " [incomplete]"
+        self.report(
+            f"rollout {eid}: {'QUARANTINE' if verdict.quarantine else 'admit'}{why}"
+            + (f" ({'; '.join(verdict.reasons[:3])})" if verdict.reasons else "")
+        )
+        return [Output(self.topics.verdicts_rollout, verdict, key=eid, idempotency_key=key)]
 
 
 # --- the paging client ------------------------------------------------------------------
@@ -607,6 +688,7 @@ class ReviewStage:
             deadletter_topic=self.topics.deadletter,
             batch_size=batch_size,
             max_record_bytes=8 * 1_048_576,  # an escalation carries its trajectory
+            ensure_topics=self.topics.all(),
         )
 
     def handle_batch(self, items: list[tuple[Record, Message]]) -> list[Output]:
@@ -770,6 +852,7 @@ class RecallStage:
             handler=self.handle,
             deadletter_topic=self.topics.deadletter,
             batch_size=batch_size,
+            ensure_topics=self.topics.all(),
         )
 
     def handle(self, rec: Record, _m: Message) -> list[Output]:
@@ -812,6 +895,9 @@ class WorkerConfig:
     stats_every_s: float = 5.0
     grace_s: float = 1.0  # TITO: wait this long after an execution's end for late calls
     recall_max_steps: int = 200_000  # the recall stage remembers this many steps' tiers
+    execution_timeout_s: float = 600.0  # a rollout execution silent this long is closed
+    max_open_executions: int = 10_000  # ... and the oldest beyond this many open
+    watch_interval_s: float = 1.0  # ask the broker this often whether it is there
 
     def group_of(self, role: str) -> str:
         return f"{self.group}-{'reassembly' if role == 'reassemble' else role}"
@@ -854,6 +940,8 @@ class Worker:
         self.stats = WorkerStats()
         self.metrics = metrics
         self.errors: list[tuple[str, BaseException]] = []
+        self.broker: BrokerState | None = None  # what the broker watch last said
+        self._delivering: dict[str, str] = {}  # stage -> why its outputs wait (while they do)
         self._done: dict[str, threading.Event] = {r: threading.Event() for r in config.roles}
         self._stages: dict[str, Callable[[Bus], StreamProcessor]] = {}
         self._dead_seen: dict[str, dict[str, int]] = {}
@@ -864,17 +952,22 @@ class Worker:
 
             def count_tree(t: TreeSummary) -> None:
                 self.stats.add("trees")
+                if t.incomplete and self.metrics is not None:
+                    self.metrics.rollout_timeouts.labels(stage="reassemble").inc()
                 if on_tree is not None:
                     on_tree(t)
 
             self._stages["reassemble"] = lambda bus: reassembly_processor(
                 bus, topics, config.group_of("reassemble"), grace_s=config.grace_s,
-                on_tree=count_tree,
+                on_tree=count_tree, open_timeout_s=config.execution_timeout_s,
+                max_open=config.max_open_executions,
             )[0]
         if "screen" in config.roles:
             assert screener is not None
             screen = ScreenStage(screener, topics, stats=self.stats, report=report,
-                                 on_step=on_step, metrics=metrics, canaries=canaries)
+                                 on_step=on_step, metrics=metrics, canaries=canaries,
+                                 execution_timeout_s=config.execution_timeout_s,
+                                 max_open_executions=config.max_open_executions)
             self._stages["screen"] = lambda bus: screen.processor(
                 bus, config.group_of("screen"), batch_size=bs)
         if "review" in config.roles:
@@ -927,6 +1020,7 @@ class Worker:
                 proc.on_lag = lambda lags: m.observe_lag(role, lags)
             proc.on_assigned = lambda: self.report(
                 f"vigil stream: {role} stage joined group {proc.group_id}")
+            proc.on_health = lambda ok, why: self._on_delivery(role, ok, why)
             while not self.stop.is_set():
                 proc.run(stop=self.stop, idle_timeout_s=self.config.idle_timeout_s)
                 self.stats.sync(role, proc.stats)
@@ -942,6 +1036,44 @@ class Worker:
                 bus.close()
             except Exception as e:  # the stage already failed or finished; say so, do not mask
                 self.report(f"vigil stream: closing the {role} stage's bus failed: {e}")
+
+    def _on_delivery(self, role: str, ok: bool, why: str) -> None:
+        if ok:
+            self._delivering.pop(role, None)
+            self.report(f"vigil stream: the {role} stage's outputs are acknowledged again")
+        else:
+            self._delivering[role] = why
+            self.report(f"vigil stream: the {role} stage waits for the broker: {why}")
+        if self.metrics is not None:
+            self.metrics.delivering.labels(stage=role).set(1 if ok else 0)
+            if not ok:
+                self.metrics.delivery_failures.labels(stage=role).inc()
+
+    def _on_broker(self, state: BrokerState) -> None:
+        self.broker = state
+        where = "the broker"
+        if state.up:
+            self.report(f"vigil stream: {where} is back ({state.reason}); the stages resume")
+        else:
+            self.report(f"vigil stream: ALERT {where} does not answer ({state.reason}); "
+                        "outputs wait and nothing is committed until it is back")
+        if self.metrics is not None:
+            self.metrics.broker_up.set(1 if state.up else 0)
+            if not state.up:
+                self.metrics.broker_outages.inc()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the worker can do its work now, and why not (``/healthz``)."""
+        problems: list[str] = []
+        b = self.broker
+        if b is not None and not b.up:
+            problems.append(f"broker down for {time.monotonic() - b.since:.0f} s: {b.reason}")
+        problems.extend(f"{role}: {why}" for role, why in list(self._delivering.items()))
+        problems.extend(f"{role} stage failed: {type(e).__name__}: {e}"
+                        for role, e in list(self.errors))
+        stages = {r: ("stopped" if self._done[r].is_set() else "running") for r in self._done}
+        return not problems, {"problems": problems, "stages": stages,
+                              "broker": "unknown" if b is None else ("up" if b.up else "down")}
 
     def _observe_batch(self, role: str, proc: StreamProcessor) -> None:
         """Dead letters since the last batch, and each input's produce-to-published time."""
@@ -965,6 +1097,14 @@ class Worker:
             bus.ensure_topics(self.config.topics.all())
         finally:
             bus.close()
+        from streams.health import BrokerWatch
+
+        watch_bus = self.bus_factory()
+        watch_stop = threading.Event()
+        watch = BrokerWatch(watch_bus, self.config.topics.all(),
+                            interval_s=self.config.watch_interval_s, on_change=self._on_broker)
+        self.broker = watch.state
+        watcher = watch.start(watch_stop)
         threads = [
             threading.Thread(target=self._run_stage, args=(role,), name=f"vigil-{role}",
                              daemon=True)
@@ -976,8 +1116,16 @@ class Worker:
             "vigil stream: running " + ", ".join(
                 f"{r} (group {self.config.group_of(r)})" for r in self.config.roles)
         )
-        for t in threads:
-            while t.is_alive():
-                t.join(0.5)
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.5)
+        finally:
+            watch_stop.set()
+            watcher.join(10)
+            try:
+                watch_bus.close()
+            except Exception as e:  # noqa: BLE001 - only the watch used it
+                self.report(f"vigil stream: closing the broker watch's bus failed: {e}")
         self.report(self.stats.line())
         return 1 if self.errors else 0

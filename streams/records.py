@@ -276,6 +276,11 @@ class RolloutVerdict(Record):
     reasons: list[str] = Field(default_factory=list)
     step_ids: list[str] = Field(default_factory=list)
     created_at: float = 0.0
+    incomplete: bool = Field(
+        default=False,
+        description="the execution timed out before its final step: the verdict covers "
+        "only the steps that arrived",
+    )
 
 
 class LabelRecord(Record):

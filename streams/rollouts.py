@@ -6,6 +6,12 @@ raced its end record) publishes one ``StepEvent`` per unique policy output to
 the rollout steps topic, parents first. A node shared by several leaves is
 published once; its event names every leaf trajectory through it. Inputs of
 executions still open are never committed, so a crash replays them.
+
+An execution whose end never comes cannot hold commits forever: once no record
+of it has come for ``open_timeout_s`` (by the wall clock, or by the producer
+times of later records on its partition, which a restarted stage reading a
+backlog sees at once), or once ``max_open`` newer executions are open, it is
+emitted as it is, its last event marked ``meta.incomplete``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class TreeSummary:
     unique_nodes: int
     reward: float | None
     timed_out: bool
+    incomplete: bool = False  # emitted without its end record
 
 
 def rollout_step_events(tree: ExecutionTree) -> list[StepEvent]:
@@ -54,6 +61,8 @@ def rollout_step_events(tree: ExecutionTree) -> list[StepEvent]:
             "timed_out": tree.end.timed_out,
             "consumed_version": tree.end.consumed_version,
         }
+    else:  # emitted without its end record (timed out, or the end of a replayed file)
+        end_meta = {"incomplete": True}
     events = []
     for i, call_id in enumerate(tree.order):
         node = tree.nodes[call_id]
@@ -94,10 +103,16 @@ class TreeCollector:
     """
 
     grace_s: float = 1.0
+    open_timeout_s: float = 600.0
+    max_open: int = 10_000
     clock: Callable[[], float] = time.monotonic
     assembler: TreeAssembler = field(default_factory=TreeAssembler)
     admissions: Counter[str] = field(default_factory=Counter)
+    timed_out: int = 0  # executions emitted without their end
     _first_offset: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
+    # per open execution: (wall clock, producer ms, partition) of its newest record
+    _active: dict[str, tuple[float, int, tuple[str, int]]] = field(default_factory=dict)
+    _stream_ms: dict[tuple[str, int], int] = field(default_factory=dict)  # newest per partition
     _ended_at: dict[str, tuple[float, int]] = field(default_factory=dict)  # wall, producer ms
     _calls_seen: dict[int, tuple[int, float]] = field(default_factory=dict)  # partition -> ts
 
@@ -114,10 +129,13 @@ class TreeCollector:
         self.admissions[admission] += 1
         if admission == "late":
             raise LateRecordError(f"execution {eid} was already emitted")
+        tp = (message.topic, message.partition)
+        self._stream_ms[tp] = max(self._stream_ms.get(tp, 0), message.timestamp_ms)
         if admission == "added":
-            tp = (message.topic, message.partition)
             firsts = self._first_offset.setdefault(eid, {})
             firsts[tp] = min(firsts.get(tp, message.offset), message.offset)
+            self._active.pop(eid, None)  # most recently active last
+            self._active[eid] = (self.clock(), message.timestamp_ms, tp)
 
     def _calls_watermark(self, now: float) -> float:
         """The producer time the calls topic has been read up to: the oldest last-read
@@ -135,7 +153,29 @@ class TreeCollector:
             for e, (seen, ts) in self._ended_at.items()
             if now - seen >= self.grace_s and (ts <= 0 or ts + grace_ms <= mark)  # 0: no time
         }
-        return self._release(self.assembler.pop_completed(ready)) if ready else []
+        trees = self._release(self.assembler.pop_completed(ready)) if ready else []
+        return trees + self._expire(now)
+
+    def _expire(self, now: float) -> list[ExecutionTree]:
+        """Open executions without an end that timed out, or the oldest over ``max_open``."""
+        limit_ms = self.open_timeout_s * 1000
+        stale = {
+            e for e, (seen, ts, tp) in self._active.items()
+            if e not in self._ended_at and (
+                now - seen >= self.open_timeout_s
+                or (ts > 0 and self._stream_ms.get(tp, 0) - ts >= limit_ms))
+        }
+        over = len(self._active) - len(stale) - self.max_open
+        for e in self._active:  # oldest activity first
+            if over <= 0:
+                break
+            if e not in stale and e not in self._ended_at:
+                stale.add(e)
+                over -= 1
+        if not stale:
+            return []
+        self.timed_out += len(stale)
+        return self._release(self.assembler.pop_open(stale))
 
     def flush(self) -> list[ExecutionTree]:
         """Everything buffered, ended or not (end of a replayed file)."""
@@ -145,6 +185,7 @@ class TreeCollector:
         for tree in trees:
             self._ended_at.pop(tree.execution_id, None)
             self._first_offset.pop(tree.execution_id, None)
+            self._active.pop(tree.execution_id, None)
         return trees
 
     def hold(self) -> Positions:
@@ -162,10 +203,13 @@ class RolloutReassembler:
     topics: Topics
     grace_s: float = 1.0
     on_tree: Callable[[TreeSummary], None] | None = None
+    open_timeout_s: float = 600.0
+    max_open: int = 10_000
     collector: TreeCollector = field(init=False)
 
     def __post_init__(self) -> None:
-        self.collector = TreeCollector(grace_s=self.grace_s)
+        self.collector = TreeCollector(grace_s=self.grace_s, open_timeout_s=self.open_timeout_s,
+                                       max_open=self.max_open)
 
     @property
     def admissions(self) -> Counter[str]:
@@ -207,6 +251,7 @@ class RolloutReassembler:
                         unique_nodes=tree.unique_nodes,
                         reward=tree.end.reward if tree.end else None,
                         timed_out=tree.end.timed_out if tree.end else False,
+                        incomplete=tree.end is None,
                     )
                 )
         return outputs
@@ -220,14 +265,18 @@ def reassembly_processor(
     grace_s: float = 1.0,
     on_tree: Callable[[TreeSummary], None] | None = None,
     max_record_bytes: int = 8 * 1_048_576,
+    open_timeout_s: float = 600.0,
+    max_open: int = 10_000,
 ) -> tuple[StreamProcessor, RolloutReassembler]:
     """A processor that turns the TITO topics into rollout step events.
 
     TITO calls carry whole contexts, so their size limit is larger by default.
     A conflicting redelivery (:class:`TitoConflictError`) or a late record is
-    dead-lettered like any bad record.
+    dead-lettered like any bad record. An execution without its end for
+    ``open_timeout_s`` (or beyond ``max_open`` open ones) is emitted incomplete.
     """
-    r = RolloutReassembler(topics, grace_s=grace_s, on_tree=on_tree)
+    r = RolloutReassembler(topics, grace_s=grace_s, on_tree=on_tree,
+                           open_timeout_s=open_timeout_s, max_open=max_open)
     proc = StreamProcessor(
         bus,
         {topics.tito_calls: TitoCall, topics.tito_executions: ExecutionEnd},
@@ -237,6 +286,7 @@ def reassembly_processor(
         max_record_bytes=max_record_bytes,
         tick=r.tick,
         hold=r.hold,
+        ensure_topics=[topics.steps_rollout],
     )
     return proc, r
 

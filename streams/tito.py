@@ -622,6 +622,11 @@ class TreeAssembler:
         later records for them are late."""
         return [self._emit(eid) for eid in self.completed() if only is None or eid in only]
 
+    def pop_open(self, only: Collection[str]) -> list[ExecutionTree]:
+        """Emit the executions of ``only`` as they are, ended or not (timed out); later
+        records for them are late."""
+        return [self._emit(eid) for eid in sorted(self._open) if eid in only]
+
     def flush(self) -> list[ExecutionTree]:
         """Emit everything, ended or not (end of input)."""
         return [self._emit(eid) for eid in sorted(self._open)]
