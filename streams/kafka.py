@@ -175,9 +175,14 @@ class KafkaBus:
             if self._admin is None:
                 opts = self.settings.client_options()
                 opts["request_timeout_ms"] = int(timeout_s * 1000)
+                opts["bootstrap_timeout_ms"] = int(timeout_s * 1000)
                 self._admin = KafkaAdminClient(**opts)
             return set(self._admin.list_topics())
         except Exception as e:  # noqa: BLE001 - any failure means "not answering"
+            admin, self._admin = self._admin, None  # a client of a dead broker may not recover
+            if admin is not None:
+                with contextlib.suppress(Exception):
+                    admin.close()
             raise DeliveryError(f"the broker at {self.settings.bootstrap_servers} does not "
                                 f"answer: {type(e).__name__}: {e}") from None
 
