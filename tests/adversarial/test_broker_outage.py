@@ -86,10 +86,7 @@ def test_the_worker_alerts_waits_and_resumes_after_a_broker_outage(
 
         broker.restart()
         back = time.monotonic()
-        if storage == "memory":  # everything was lost with the broker: only new steps count
-            expect = 4
-        else:
-            expect = 12
+        expect = 4 if storage == "memory" else 12  # a memory broker lost the first 8
         after = _events(small_agentdojo, 4, "after")
         deadline = time.monotonic() + 30
         while True:  # a producer of the test's own, until the new broker takes the steps

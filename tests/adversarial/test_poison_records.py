@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from streams.config import KafkaSettings, Topics
+from streams.config import KafkaSettings
 from streams.kafka import KafkaBus
 from streams.processor import H_DLQ_REASON, H_DLQ_SIZE, publish_record
 from streams.records import StepEvent, Trajectory, decode, step_events
