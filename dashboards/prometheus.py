@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -89,11 +89,15 @@ class PrometheusClient:
 
 
 class LocalPrometheus:
-    """Debian's Prometheus on ``127.0.0.1:PORT`` scraping ``targets`` (``host:port``)."""
+    """Debian's Prometheus on ``127.0.0.1:PORT`` scraping ``targets`` (``host:port``), and
+    ``bearer_targets`` (``{host:port: token}``) with ``Authorization: Bearer <token>`` (the
+    paging service's ``/metrics`` needs one)."""
 
     def __init__(self, targets: Sequence[str], *, scrape_interval_s: float = 1.0,
-                 binary: str = "prometheus", port: int | None = None) -> None:
+                 binary: str = "prometheus", port: int | None = None,
+                 bearer_targets: Mapping[str, str] | None = None) -> None:
         self.targets = list(targets)
+        self.bearer_targets = dict(bearer_targets or {})
         self.scrape_interval_s = scrape_interval_s
         self.binary = binary
         self.port = port or free_port()
@@ -110,10 +114,14 @@ class LocalPrometheus:
                 "(apt-get install prometheus; `make test` does)")
         self._dir = Path(tempfile.mkdtemp(prefix="vigil-prometheus-"))
         interval = f"{max(1, round(self.scrape_interval_s * 1000))}ms"
+        jobs: list[dict[str, Any]] = [
+            {"job_name": "vigil", "static_configs": [{"targets": self.targets}]}]
+        jobs += [{"job_name": f"vigil-{i}", "static_configs": [{"targets": [target]}],
+                  "authorization": {"type": "Bearer", "credentials": token}}
+                 for i, (target, token) in enumerate(sorted(self.bearer_targets.items()))]
         config = {
             "global": {"scrape_interval": interval, "evaluation_interval": interval},
-            "scrape_configs": [{"job_name": "vigil", "static_configs": [
-                {"targets": self.targets}]}],
+            "scrape_configs": jobs,
         }
         (self._dir / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
         log = (self._dir / "prometheus.log").open("wb")

@@ -13,9 +13,13 @@ The template (``TEMPLATE_VERSION``; its hash is part of every cache key and bund
 Every observation is cut to ``obs_chars`` characters (head), the task to
 ``task_chars``. The action is kept whole up to ``action_tokens`` tokens; the
 context before it is cut from the left so that the whole rendering is at most
-``max_tokens`` tokens (BOS + context + action). Only the action's tokens are
-pooled: ``last`` takes the hidden state of the action's final token (which has
-attended to the whole context), ``mean`` averages over the action's tokens.
+``max_tokens`` tokens (BOS + context + action). Before tokenising, the action is cut
+to ``action_tokens * TOKEN_CHARS`` characters (head) and an earlier action to
+``max_tokens * TOKEN_CHARS`` (tail, the end the left cut keeps): no token is that
+long, so the tokens are the same and a 50 MB action costs what a short one does.
+Only the action's tokens are pooled: ``last`` takes the hidden state of the
+action's final token (which has attended to the whole context), ``mean``
+averages over the action's tokens.
 
 An embeddings endpoint (:mod:`probes.remote`) reads :meth:`Template.render_text`
 (the same text, cut in characters) and gives one vector a step: pseudo-layer
@@ -53,6 +57,7 @@ from probes.models import ProbeModel
 POOLINGS = ("last", "mean")
 TEMPLATE_VERSION = 1
 CHARS_PER_TOKEN = 4  # how an endpoint's rendering is cut (its tokenizer is not at hand)
+TOKEN_CHARS = 64  # more than any probe-model token spans (Gemma-3's longest: 31 characters)
 
 
 @dataclass(frozen=True)
@@ -122,13 +127,17 @@ class Template:
             parts.append("Earlier:")
             for obs, act in hist:
                 parts.append(f"> {obs[: self.obs_chars]}")
-                parts.append(f"< {act}")
+                parts.append(f"< {act[-self.max_tokens * TOKEN_CHARS :]}")
         parts.append(f"Observation: {step.observation[: self.obs_chars]}")
         return "\n".join(parts) + "\nAction:"
 
+    def action(self, step: ProbeStep) -> str:
+        """The head of the step's action that can hold its first ``action_tokens`` tokens."""
+        return step.action[: self.action_tokens * TOKEN_CHARS]
+
     def render(self, step: ProbeStep) -> str:
         """The text the model reads (before token truncation)."""
-        return f"{self.context(step)} {step.action}"
+        return f"{self.context(step)} {self.action(step)}"
 
     def render_text(self, step: ProbeStep) -> str:
         """The rendering for a model whose tokenizer is not at hand (an embeddings endpoint).
@@ -154,7 +163,7 @@ def identity_hash(model_id: str, dims: int) -> str:
 def encode_step(tokenizer: Any, template: Template, step: ProbeStep) -> tuple[list[int], int]:
     """Token ids (BOS + left-cut context + action) and the number of action tokens at the end."""
     ctx = tokenizer(template.context(step), add_special_tokens=False)["input_ids"]
-    act = tokenizer(" " + step.action, add_special_tokens=False)["input_ids"]
+    act = tokenizer(" " + template.action(step), add_special_tokens=False)["input_ids"]
     act = act[: template.action_tokens] or [tokenizer.eos_token_id or 0]
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     room = max(0, template.max_tokens - len(bos) - len(act))

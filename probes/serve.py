@@ -61,9 +61,12 @@ class CausalLMEmbedder:
         return self.pm.hidden_size
 
     def encode(self, text: str) -> list[int]:
-        """BOS + the text's tokens, cut from the left to ``max_tokens`` in all."""
+        """BOS + the text's tokens, cut from the left to ``max_tokens`` in all (the tokenizer
+        reads only the tail that can hold them, ``TOKEN_CHARS`` characters a token)."""
+        from probes.capture import TOKEN_CHARS
+
         tok = self.pm.tokenizer
-        ids = tok(text, add_special_tokens=False)["input_ids"]
+        ids = tok(text[-self.max_tokens * TOKEN_CHARS :], add_special_tokens=False)["input_ids"]
         bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
         room = max(1, self.max_tokens - len(bos))
         return bos + (ids[-room:] or [tok.eos_token_id or 0])

@@ -19,6 +19,11 @@ import numpy as np
 import torch
 
 TEXT_DIM = 384
+# The tokenizer sees at most ``max_tokens * TOKEN_CHARS`` characters of a text (it
+# tokenises all it is given before truncating). The first 256 tokens of ordinary text span
+# far fewer; only a text whose first tokens average over 256 characters (runs of 100+
+# characters without a space, which MiniLM reads as one [UNK]) embeds differently.
+TOKEN_CHARS = 256
 
 
 def default_text_model_path() -> Path:
@@ -37,7 +42,8 @@ class TextEncoder:
     """Mean-pooled, L2-normalised MiniLM sentence embeddings (384-d), batched and cached.
 
     ``max_tokens`` truncates long tool results (the head of a result carries
-    most of its meaning; 256 is MiniLM's training length).
+    most of its meaning; 256 is MiniLM's training length); the tokenizer reads at most
+    ``max_tokens * TOKEN_CHARS`` characters of a text, so a huge one costs what a long one does.
     """
 
     def __init__(
@@ -104,7 +110,7 @@ class TextEncoder:
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             batch = self.tokenizer(
-                [texts[i] for i in idx],
+                [texts[i][: self.max_tokens * TOKEN_CHARS] for i in idx],
                 padding=True,
                 truncation=True,
                 max_length=self.max_tokens,

@@ -3,13 +3,18 @@
 Every distinct text is encoded once (``TextEncoder`` caches by content) and
 every screenshot decoded once; a step is then a row of indices into those
 tables, and a batch is a gather.
+
+A text's cost is bounded before any model work: every text of a step is cut to
+``MAX_TEXT_CHARS`` (with a visible marker, :func:`cut_text`), and :func:`chunks`
+stops at its ``limit``-th piece, so a 50 MB tool result costs what a 256 KB one does.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,24 +30,78 @@ GUI_DIM = len(GUI_KINDS) + 2
 
 CHUNK_CHARS = 400
 MAX_CHUNKS = 32
+MAX_TEXT_CHARS = 256 * 1024  # of one text (task, observation, action, result); the rest is cut
+# what str.splitlines() splits on, "\r\n" first
+_LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 
 
-def chunks(text: str, size: int = CHUNK_CHARS, limit: int = MAX_CHUNKS) -> list[str]:
-    """Line-aligned pieces of at most ``size`` characters (a long tool result holds many
-    things; an instruction buried in it must not be averaged away)."""
-    out: list[str] = []
-    cur = ""
-    for line in text.splitlines() or [text]:
-        while len(line) > size:
-            out.append(line[:size])
-            line = line[size:]
-        if cur and len(cur) + len(line) + 1 > size:
-            out.append(cur)
+def cut_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """``text`` if it has at most ``limit`` characters, else its head and a marker saying how
+    much was cut (the head is what the models read; a tool result's instructions come early)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[vigil: {len(text) - limit} more characters cut]"
+
+
+def chunks(
+    text: str, size: int = CHUNK_CHARS, limit: int = MAX_CHUNKS, max_chars: int = MAX_TEXT_CHARS
+) -> list[str]:
+    """Line-aligned pieces of at most ``size`` characters: the first ``limit`` that are not
+    blank, in text order (a long tool result holds many things; an instruction buried in it
+    must not be averaged away, and one at its head must not be pushed out by a long line
+    after it). Short lines join into one piece; a line over ``size`` is cut into whole
+    pieces, its rest joining the lines after it.
+
+    Reads at most ``max_chars`` characters, never copies the text line by line, and stops
+    once the first ``limit`` pieces are known, so the cost is bounded whatever the length
+    of ``text``.
+    """
+    out: list[tuple[int, str]] = []  # (where the piece starts, the piece), not blank
+    if limit <= 0:
+        return []
+    text = text[:max_chars]
+    cur, cur_at = "", 0  # the piece being joined from short lines, and where it starts
+
+    def flush() -> None:
+        # ``cur`` starts before the pieces of a long line cut while it was being joined
+        if cur.strip():
+            out.append((cur_at, cur))
+            out.sort(key=lambda piece: piece[0])
+            del out[limit:]
+
+    for start, end in _lines(text):
+        if not cur and len(out) >= limit:
+            break  # every later piece starts after the ``limit`` kept ones
+        if end - start > size:  # a long line: whole pieces; the rest (1..size) goes on below
+            whole = (end - start - 1) // size
+            for at in range(start, start + whole * size, size):
+                if len(out) >= limit:
+                    break  # later pieces of this line come after the kept ones
+                if (piece := text[at : at + size]).strip():
+                    out.append((at, piece))
+            start += whole * size
+        if cur and len(cur) + (end - start) + 1 > size:
+            flush()
+            if len(out) >= limit:
+                return [piece for _, piece in out]  # the rest starts after them all
             cur = ""
-        cur = f"{cur}\n{line}" if cur else line
-    if cur.strip():
-        out.append(cur)
-    return [c for c in out if c.strip()][:limit]
+        if cur:
+            cur = f"{cur}\n{text[start:end]}"
+        else:
+            cur, cur_at = text[start:end], start
+    flush()
+    return [piece for _, piece in out]
+
+
+def _lines(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each line of ``text``, as ``text.splitlines() or [text]`` has them,
+    without copying the text."""
+    start = 0
+    for m in _LINE_BREAK.finditer(text):
+        yield start, m.start()
+        start = m.end()
+    if start < len(text) or start == 0:
+        yield start, len(text)
 
 
 @dataclass(frozen=True)
@@ -141,24 +200,25 @@ def tabulate(
     hist_chunks: list[list[int]] = []
     next_chunks: list[list[int]] = []
     for i, s in enumerate(steps):
-        task[i] = tid(s.task)
-        hist = list(s.history)[-h:] if h else []
+        task[i] = tid(cut_text(s.task))
+        hist = [(cut_text(o), cut_text(a)) for o, a in s.history[-h:]] if h else []
         off = h - len(hist)
         for j, (o_text, a_text) in enumerate(hist):
             obs[i, off + j] = tid(o_text)
             act[i, off + j] = tid(a_text)
             gui[i, off + j] = gui_features(None)
-        obs[i, h] = tid(s.observation.text)
-        act[i, h] = tid(s.action_text)
+        seen = cut_text(s.observation.text)
+        obs[i, h] = tid(seen)
+        act[i, h] = tid(cut_text(s.action_text))
         gui[i, h] = gui_features(s.gui)
         obs_img[i, h] = iid(s.observation)
-        obs_chunks.append([tid(c) for c in chunks(s.observation.text)])
+        obs_chunks.append([tid(c) for c in chunks(seen)])
         hist_chunks.append([tid(c) for o_text, _ in hist for c in chunks(o_text)])
         next_chunks.append(
             [tid(c) for c in chunks(s.next_observation.text)] if s.next_observation else []
         )
         if s.next_observation is not None:
-            nxt[i] = tid(s.next_observation.text)
+            nxt[i] = tid(cut_text(s.next_observation.text))
             nxt_img[i] = iid(s.next_observation)
     text = encoder.encode(list(texts))
     text[0] = 0.0  # padding / empty
@@ -279,7 +339,9 @@ def make_batch(
 __all__ = [
     "GUI_DIM",
     "REL_DIM",
+    "MAX_TEXT_CHARS",
     "chunks",
+    "cut_text",
     "relational",
     "TEXT_DIM",
     "StepInput",

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import secrets
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +22,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.routing import Match
 
 from monitor.service.api.main import api_router
 from monitor.service.db import make_engine, make_sessionmaker, upgrade_database, utcnow
@@ -108,8 +109,7 @@ def create_app(
     app.state.clock = clock
     app.state.bus = bus
     app.state.scheduler = None
-    app.state.screen = (ScreenQueue(screener, max_batch=settings.screen_max_batch)
-                        if screener is not None else None)
+    app.state.screen = (_screen_queue(screener, settings) if screener is not None else None)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), autoescape=True)
     app.state.templates = Jinja2Templates(env=env)
 
@@ -121,8 +121,15 @@ def create_app(
     app.add_middleware(SessionMiddleware, secret_key=secret, session_cookie="vigil_session",
                        max_age=settings.session_max_age_s, same_site="lax",
                        https_only=settings.secure_cookies)
-    app.add_middleware(_Guard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(_Guard, max_body_bytes=settings.max_body_bytes,
+                       limits={"/v1/screen": (settings.screen_max_body_bytes,
+                                              "VIGIL_PAGING_SCREEN_MAX_BODY_BYTES")})
     return app
+
+
+def _screen_queue(screener: Screener, settings: PagingSettings) -> ScreenQueue:
+    return ScreenQueue(screener, max_batch=settings.screen_max_batch,
+                       batch_chars=settings.screen_batch_chars)
 
 
 async def _load_screen(settings: PagingSettings) -> ScreenQueue:
@@ -141,7 +148,7 @@ async def _load_screen(settings: PagingSettings) -> ScreenQueue:
 
     t0 = asyncio.get_running_loop().time()
     screener = await asyncio.to_thread(load)
-    queue = ScreenQueue(screener, max_batch=settings.screen_max_batch)
+    queue = _screen_queue(screener, settings)
     log.info("POST /v1/screen: policy %s (%s) loaded in %.1f s", path, queue.policy,
              asyncio.get_running_loop().time() - t0)
     return queue
@@ -218,14 +225,30 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            # the router names the methods of one route; a path can have a route per method
+            headers["Allow"] = ", ".join(_allowed_methods(request)) or headers.get("Allow", "")
         if _wants_html(request) and exc.status_code in (403, 404, 405):
-            return _html_error(request, exc.status_code, "Not allowed" if exc.status_code == 403
+            page = _html_error(request, exc.status_code, "Not allowed" if exc.status_code == 403
                                else "Not found", str(exc.detail))
+            page.headers.update(headers)
+            return page
         detail = exc.detail
         if detail == "There was an error parsing the body":
             detail = "the request body is not valid JSON (UTF-8)"
         return JSONResponse({"detail": detail}, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers or None)
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app takes at the request's path."""
+    routes = request.app.router.routes
+    return [m for m in _METHODS
+            if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)]
 
 
 def _quote(path: str) -> str:
@@ -245,11 +268,15 @@ def _html_error(request: Request, code: int, title: str, message: str) -> HTMLRe
 
 
 class _Guard:
-    """Refuses bodies over the limit (413) and adds security headers to every response."""
+    """Refuses bodies over the limit (413, before the body is read or parsed) and adds security
+    headers to every response. ``limits``: a tighter limit for some paths, with the setting
+    that changes it."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int,
+                 limits: Mapping[str, tuple[int, str]] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.limits = dict(limits or {})
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -267,16 +294,20 @@ class _Guard:
                 message["headers"] = headers
             await send(message)
 
+        path = scope["path"].removeprefix(scope.get("root_path", "")).rstrip("/") or "/"
+        limit, setting = self.limits.get(path, (self.max_body_bytes,
+                                                "VIGIL_PAGING_MAX_BODY_BYTES"))
+        too_big = (f"request body over the limit of {limit} bytes for {scope['method']} "
+                   f"{scope['path']} (the service's {setting})")
         length = dict(scope.get("headers", [])).get(b"content-length")
         if length is not None:
             try:
-                too_big = int(length) > self.max_body_bytes
+                over = int(length) > limit
             except ValueError:
                 await _reply(send_with_headers, 400, "invalid Content-Length header")
                 return
-            if too_big:
-                await _reply(send_with_headers, 413,
-                             f"request body over the limit of {self.max_body_bytes} bytes")
+            if over:
+                await _reply(send_with_headers, 413, too_big)
                 return
             await self.app(scope, receive, send_with_headers)
             return
@@ -290,9 +321,8 @@ class _Guard:
                 return
             body = message.get("body", b"")
             size += len(body)
-            if size > self.max_body_bytes:
-                await _reply(send_with_headers, 413,
-                             f"request body over the limit of {self.max_body_bytes} bytes")
+            if size > limit:
+                await _reply(send_with_headers, 413, too_big)
                 return
             chunks.append(body)
             more = message.get("more_body", False)

@@ -6,6 +6,11 @@ nothing. Names (``dashboards.metrics``): ``vigil_pages{state}``,
 ``vigil_pages_opened_total``, ``vigil_page_verdicts_total{verdict}``,
 ``vigil_webhook_deliveries_total{ok}``. A page's every verdict counts (a
 corrected verdict adds one), so the counters only grow.
+
+The verdict counts would tell a producer how its pages were judged, so the route
+needs a token: ``VIGIL_PAGING_METRICS_TOKEN`` (a scrape-only secret) or a reviewer or
+admin API token; a producer's gets 403, none 401. ``VIGIL_PAGING_METRICS_OPEN=true``
+serves it to anyone (for a scrape network no producer can reach).
 """
 
 from __future__ import annotations
@@ -13,14 +18,16 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterator
 
-from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi import FastAPI, HTTPException, Request, status
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from pydantic import SecretStr
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from monitor.service.auth import authenticate
 from monitor.service.models import DeliveryAttempt, Page, Verdict
 
 STATES = ("triggered", "acknowledged", "resolved")
@@ -65,15 +72,38 @@ def add_metrics(app: FastAPI, sessions: sessionmaker[Session]) -> CollectorRegis
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:
-        token = request.app.state.settings.metrics_token
-        if token is not None:
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    given.strip().encode(), token.get_secret_value().encode()):
-                return PlainTextResponse(
-                    "GET /metrics needs 'Authorization: Bearer <VIGIL_PAGING_METRICS_TOKEN>'",
-                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        settings = request.app.state.settings
+        if not settings.metrics_open:
+            check_scraper(request, settings.metrics_token)
         return Response(generate_latest(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)
 
     app.state.metrics = registry
     return registry
+
+
+NEEDS_TOKEN = ("GET /metrics needs 'Authorization: Bearer <token>': the service's "
+               "VIGIL_PAGING_METRICS_TOKEN, or a reviewer or admin API token")
+
+
+def check_scraper(request: Request, metrics_token: SecretStr | None) -> None:
+    """Let the metrics token, a reviewer or an admin through; 401 without a valid token, 403
+    for a producer's (the metrics count verdicts, which a producer must never see)."""
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    given = given.strip()
+    if scheme.lower() != "bearer" or not given:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, NEEDS_TOKEN,
+                            headers={"WWW-Authenticate": "Bearer"})
+    if metrics_token is not None and hmac.compare_digest(
+            given.encode(), metrics_token.get_secret_value().encode()):
+        return
+    with request.app.state.sessions() as session:
+        principal = authenticate(session, given, now=request.app.state.clock())
+        session.commit()  # last_used_at
+    if principal is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, f"{NEEDS_TOKEN}; this one is unknown "
+                            "or revoked", headers={"WWW-Authenticate": "Bearer"})
+    if not principal.may("reviewer"):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"token {principal.name!r} has role {principal.role!r}; GET /metrics needs "
+            "'reviewer' or 'admin' (or the service's VIGIL_PAGING_METRICS_TOKEN)")

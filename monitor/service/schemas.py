@@ -461,6 +461,7 @@ class Me(Schema):
 
 ScreenDecision = Literal["allow", "escalate", "block"]
 MAX_PIXEL = 1e6
+MAX_SCREENSHOT_PIXELS = 4096 * 4096  # a 4K screen fits; a small PNG of more costs seconds
 
 
 def _check_screenshot(ref: str, where: str) -> None:
@@ -477,9 +478,13 @@ def _check_screenshot(ref: str, where: str) -> None:
     try:
         with Image.open(io.BytesIO(base64.b64decode(data, validate=True))) as img:
             img.verify()
+            width, height = img.size
     except (binascii.Error, UnidentifiedImageError, OSError, ValueError,
             Image.DecompressionBombError):
         raise ValueError(f"{where} is not a readable base64 PNG") from None
+    if width * height > MAX_SCREENSHOT_PIXELS:
+        raise ValueError(f"{where} is {width}x{height} pixels; a screenshot has at most "
+                         f"{MAX_SCREENSHOT_PIXELS} (4096x4096)")
 
 
 class ProposedAction(Action):

@@ -23,8 +23,13 @@ class PagingSettings(BaseSettings):
     )
     metrics_token: SecretStr | None = Field(
         default=None,
-        description="when set, GET /metrics needs 'Authorization: Bearer <token>' "
-        "(Prometheus: authorization.credentials); unset = open, as Prometheus targets are",
+        description="a bearer token for GET /metrics only (Prometheus: authorization."
+        "credentials); a reviewer or admin API token is accepted too, a producer's never "
+        "(the metrics count verdicts)",
+    )
+    metrics_open: bool = Field(
+        default=False,
+        description="serve GET /metrics without a token (only where no producer can reach it)",
     )
     public_url: str = Field(
         default="http://127.0.0.1:8000", description="base URL of the review pages, for links"
@@ -59,4 +64,14 @@ class PagingSettings(BaseSettings):
     )
     screen_max_batch: int = Field(
         default=16, ge=1, le=256, description="most proposed actions screened in one model call"
+    )
+    screen_max_body_bytes: int = Field(
+        default=2 * 1024 * 1024, ge=1024,
+        description="larger POST /v1/screen bodies get 413 before they are read",
+    )
+    screen_batch_chars: int = Field(
+        default=128 * 1024, ge=1024,
+        description="most characters of text the models read in one batched model call "
+        "(each text counts up to 16 KiB; a request over it runs alone), so that one call, "
+        "and the wait of a request behind it, stays short",
     )

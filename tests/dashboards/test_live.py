@@ -95,7 +95,9 @@ def test_dashboards_show_a_live_stream_and_canary_recall_matches_offline(
          "--metrics-port", str(rl_port), "--grace", "0.2", "--phi", "1", "--mu", "2"],
         cwd=ROOT, env=rl_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     paging_target = paging.url.removeprefix("http://")
-    prom = LocalPrometheus([f"127.0.0.1:{worker_port}", f"127.0.0.1:{rl_port}", paging_target],
+    # the paging service's /metrics counts verdicts: scraped with a reviewer token
+    prom = LocalPrometheus([f"127.0.0.1:{worker_port}", f"127.0.0.1:{rl_port}"],
+                           bearer_targets={paging_target: paging.reviewer_token},
                            scrape_interval_s=1.0).start()
     try:
         worker.wait_for("metrics on http://", timeout=180)

@@ -171,12 +171,24 @@ def test_login_never_redirects_off_site(client: TestClient, service: Service,
     assert r.status_code == 303 and r.headers["location"] == "/"
 
 
-def test_metrics_are_open_by_default_and_need_the_bearer_token_once_one_is_set(
+def test_metrics_need_a_reviewer_admin_or_metrics_token_and_never_a_producers(
     client: TestClient, service: Service
 ) -> None:
+    """The metrics count verdicts: no route may show a verdict to a producer."""
     client.post("/api/v1/events", json=trigger("traj-m", 0), headers=service.auth("producer"))
-    open_ = client.get("/metrics")
-    assert open_.status_code == 200 and "vigil_pages_opened_total 1.0" in open_.text
+    for headers in ({}, {"Authorization": "Bearer vgl_unknown"}, {"Authorization": "Basic x"}):
+        r = client.get("/metrics", headers=headers)
+        assert r.status_code == 401 and "VIGIL_PAGING_METRICS_TOKEN" in r.json()["detail"]
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert "vigil_page_verdicts" not in r.text
+    r = client.get("/metrics", headers=service.auth("producer"))
+    assert r.status_code == 403 and "vigil_page_verdicts" not in r.text
+    assert r.json()["detail"] == ("token 'producer-1' has role 'producer'; GET /metrics needs "
+                                  "'reviewer' or 'admin' (or the service's "
+                                  "VIGIL_PAGING_METRICS_TOKEN)")
+    for role in ("reviewer", "admin"):
+        r = client.get("/metrics", headers=service.auth(role))
+        assert r.status_code == 200 and "vigil_pages_opened_total 1.0" in r.text
 
     with TestClient(service.app(metrics_token="scrape-me")) as guarded:
         for headers in ({}, {"Authorization": "Bearer wrong"},
@@ -186,3 +198,9 @@ def test_metrics_are_open_by_default_and_need_the_bearer_token_once_one_is_set(
             assert r.headers["www-authenticate"] == "Bearer"
         r = guarded.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
         assert r.status_code == 200 and "vigil_pages_opened_total 1.0" in r.text
+        assert guarded.get("/metrics", headers=service.auth("reviewer")).status_code == 200
+        assert guarded.get("/metrics", headers=service.auth("producer")).status_code == 403
+
+    with TestClient(service.app(metrics_open=True)) as open_:  # the explicit opt-in
+        r = open_.get("/metrics")
+        assert r.status_code == 200 and "vigil_page_verdicts_total" in r.text

@@ -176,6 +176,6 @@ def test_producers_cannot_read_pages_or_verdicts(client: TestClient, service: Se
     """A verdict is never shown to the monitored agent: its token reads nothing back."""
     send(client, service, trigger("traj-secret", 0))
     for path in ("/api/v1/pages", "/api/v1/pages/1", "/api/v1/verdicts",
-                 "/api/v1/pages/1/notifications"):
+                 "/api/v1/pages/1/notifications", "/metrics"):
         r = client.get(path, headers=service.auth("producer"))
         assert r.status_code == 403, path

@@ -22,8 +22,8 @@ from monitor.pipeline import ActionCheck, Screener, load_screener, load_split
 from monitor.screening import ScreenStep
 from monitor.service.app import create_app
 from monitor.service.auth import provision_store
-from monitor.service.screen import ScreenQueue, policy_hash
-from streams.records import Action, Trajectory
+from monitor.service.screen import READ_CHARS, ScreenQueue, policy_hash, text_chars
+from streams.records import Action, Step, Trajectory
 from tests.service.conftest import Service
 from tests.service.helpers import png_data_uri
 from tests.service.test_cli import paging_cli
@@ -151,6 +151,58 @@ def test_concurrent_checks_run_as_one_batch(
         assert check.score == pytest.approx(alone.score, abs=1e-3)
 
 
+class RecordingScreener:
+    """The real screener, noting which trajectories went into each model call."""
+
+    def __init__(self, screener: Screener) -> None:
+        self.screener = screener
+        self.policy = screener.policy
+        self.calls: list[list[str]] = []
+
+    def check_actions(self, proposals: list[tuple[Trajectory, Action]]) -> list[ActionCheck]:
+        self.calls.append([t.trajectory_id for t, _ in proposals])
+        return self.screener.check_actions(proposals)
+
+
+@pytest.mark.parametrize(("room_for_big", "calls"), [
+    # room for one large proposal and the small ones: they go beside the oldest
+    (True, [["big-1", "small-0", "small-1", "small-2"], ["big-2"]]),
+    # room for the small ones only: they go first, then one call for each large one
+    (False, [["small-0", "small-1", "small-2"], ["big-1"], ["big-2"]]),
+])
+def test_a_model_call_holds_at_most_its_budget_of_text(
+    screener: Screener, offline: list[tuple[int, Trajectory, Action, ActionCheck]],
+    room_for_big: bool, calls: list[list[str]],
+) -> None:
+    """Two large proposals never share a call; small ones do not wait behind large ones;
+    each proposal still gets its own answer."""
+    def large(tid: str) -> tuple[Trajectory, Action]:
+        _, t, a, _ = offline[0]
+        huge = Step.model_validate({"step_id": "log", "index": len(t.steps),
+                                    "observation": {"text": "GET /index.html 200\n" * 10_000},
+                                    "action": {"text": "read_file('access.log')"}})
+        return t.model_copy(update={"trajectory_id": tid, "steps": [*t.steps, huge]}), a
+
+    big = [large("big-1"), large("big-2")]
+    small = [(t.model_copy(update={"trajectory_id": f"small-{i}"}), a)
+             for i, (_, t, a, _) in enumerate(offline[1:4])]
+    assert text_chars(*big[0]) > READ_CHARS > 10 * max(text_chars(*p) for p in small)
+    spy = RecordingScreener(screener)
+    room = text_chars(*big[0]) + 3 * READ_CHARS // 10 if room_for_big else READ_CHARS // 2
+    queue = ScreenQueue(spy, max_batch=16, batch_chars=room)  # type: ignore[arg-type]
+    proposals = [*big, *small]
+
+    async def check_all() -> list[ActionCheck]:
+        return await asyncio.gather(*(queue.check(t, a) for t, a in proposals))
+
+    got = asyncio.run(check_all())
+    assert spy.calls == calls
+    for check, (t, a) in zip(got, proposals, strict=True):
+        alone = screener.check_action(t, a)
+        assert (check.decision, check.tier) == (alone.decision, alone.tier)
+        assert check.score == pytest.approx(alone.score, abs=1e-3)
+
+
 def test_the_first_action_of_a_trajectory_can_be_screened(
     client: TestClient, store: Service, screener: Screener,
 ) -> None:
@@ -205,6 +257,10 @@ STEP = {"step_id": "s0", "index": 0, "observation": {"text": "balance: 10"},
     ({"trajectory": {**TRAJ, "steps": [{**STEP, "result": {
         "screenshot": "data:image/png;base64,bm90IGEgcG5n"}}]}, "action": {"text": "ls"}},
      "invalid request: trajectory.steps.0.result.screenshot is not a readable base64 PNG"),
+    ({"trajectory": {**TRAJ, "steps": [{**STEP, "observation": {
+        "screenshot": png_data_uri(5000, 4000)}}]}, "action": {"text": "ls"}},
+     "invalid request: trajectory.steps.0.observation.screenshot is 5000x4000 pixels; a "
+     "screenshot has at most 16777216 (4096x4096)"),
     ({"trajectory": {**TRAJ, "meta": {"activations": {"layers": {}}}}, "action": {"text": "ls"}},
      "invalid request: trajectory.meta.activations is not read by /v1/screen: the probe model "
      "computes the proposed action's activations"),
