@@ -343,6 +343,26 @@ def overview() -> DashboardBuilder:
              "ok={{ok}}")], unit="ops", width=6, stack=True,
              description="The paging service's webhook delivery attempts per second (every "
              "service instance reports the same database: max, not sum)."))
+         .with_row(row("Broker and delivery health"))
+         .with_panel(stat_panel("Broker answering", [query(
+             "min(vigil_broker_up)", "up", instant=True)], decimals=0, height=8,
+             thresholds=_thresholds((None, "red"), (1, "green")),
+             description="1 while every worker's broker watch gets an answer from the broker "
+             "(asked every second), 0 while one does not: its stages wait, commit nothing and "
+             "resume when it is back."))
+         .with_panel(timeseries_panel("Stages whose outputs are acknowledged", [query(
+             "min by (stage) (vigil_stage_delivering)", "{{stage}}")], width=6,
+             description="1 while the broker acknowledges a stage's outputs, 0 while they "
+             "wait to be published again."))
+         .with_panel(timeseries_panel("Delivery failures and broker outages", [
+             query(_rate("vigil_delivery_failures_total", ["stage"]), "{{stage}} retried"),
+             query("sum(rate(vigil_broker_outages_total[$__rate_interval]))", "outages")],
+             unit="ops", width=6, description="Flushes the broker did not acknowledge per "
+             "second (each is retried, nothing is lost), and broker outages per second."))
+         .with_panel(timeseries_panel("Rollout executions closed incomplete", [query(
+             _rate("vigil_rollout_timeouts_total", ["stage"]), "{{stage}}")], unit="ops",
+             width=6, description="Executions whose end never came within the execution "
+             "timeout: they get a verdict marked incomplete so commits move on."))
          .with_row(row("Review (L2)"))
          .with_panel(timeseries_panel("Reviews by backend and outcome", [query(
              _rate("vigil_reviews_total", ["backend", "outcome"]), "{{backend}} {{outcome}}")],

@@ -121,6 +121,7 @@ class WorkerMetrics:
         for stage in ("reassemble", "screen", "review", "recall"):
             self.step_latency.labels(stage=stage)
             self.delivery_failures.labels(stage=stage)
+            self.delivering.labels(stage=stage).set(1)
         for stage in ("reassemble", "screen"):
             self.rollout_timeouts.labels(stage=stage)
         for result in ("opened", "deduplicated"):
