@@ -41,6 +41,9 @@ class KafkaSettings(BaseSettings):
     request_timeout_ms: int = 30_000
     max_block_ms: int = Field(
         default=10_000, ge=100, description="longest a publish waits for topic metadata")
+    reconnect_backoff_max_ms: int = Field(
+        default=1_000, ge=50,
+        description="longest wait between reconnects (a returned broker is used within it)")
     metadata_max_age_ms: int = Field(
         default=5_000, ge=100,
         description="how often clients refresh metadata (finds topics made on a new broker)")
@@ -52,6 +55,7 @@ class KafkaSettings(BaseSettings):
             "client_id": self.client_id,
             "security_protocol": self.security_protocol,
             "request_timeout_ms": self.request_timeout_ms,
+            "reconnect_backoff_max_ms": self.reconnect_backoff_max_ms,
         }
         if self.sasl_mechanism:
             opts["sasl_mechanism"] = self.sasl_mechanism
