@@ -325,7 +325,7 @@ class Committed:
         try:
             if self._c is None:
                 self._c = KafkaConsumer(**self.settings.client_options(), group_id=self.group,
-                                        enable_auto_commit=False, reconnect_backoff_max_ms=1000)
+                                        enable_auto_commit=False)
             return {(t, p): self._c.committed(TopicPartition(t, p), timeout_ms=timeout_ms) or 0
                     for t, p in self.tps}
         except Exception:  # noqa: BLE001 - a broker away; the next read tries again
@@ -416,7 +416,6 @@ class Reader:
         from kafka import KafkaConsumer, TopicPartition
 
         c = KafkaConsumer(**self.settings.client_options(), enable_auto_commit=False,
-                          reconnect_backoff_max_ms=1000,
                           max_partition_fetch_bytes=4 * 1_048_576, fetch_max_bytes=64 * 1_048_576)
         tps = [TopicPartition(t, p) for t in self.topics for p in range(self.partitions)]
         c.assign(tps)
