@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 
@@ -17,3 +19,10 @@ def machine(load_before: tuple[float, float, float]) -> dict[str, Any]:
         "load_average_1m_before": round(load_before[0], 2),
         "load_average_1m_after": round(os.getloadavg()[0], 2),
     }
+
+
+def write_report(path: str | Path, report: dict[str, Any]) -> None:
+    """Write a bench's JSON report (indented, one trailing newline), making its folder."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")

@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.machine import machine  # noqa: E402
+from bench.machine import machine, write_report  # noqa: E402
 from streams.broker import free_port  # noqa: E402
 
 
@@ -209,8 +209,7 @@ def main() -> int:
         "machine": machine(load_before),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(json.dumps(results, indent=2))
     return 0
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from bench.machine import machine  # noqa: E402
+from bench.machine import machine, write_report  # noqa: E402
 from monitor.rlhealth.alerts import AlertConfig  # noqa: E402
 from monitor.rlhealth.metrics import RLHealthMetrics  # noqa: E402
 from monitor.rlhealth.simulate import simulate_rl_run  # noqa: E402
@@ -205,8 +205,7 @@ def main() -> int:
         "machine": machine(load_before),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(json.dumps(report["results"], indent=2))
     return 0
 

@@ -67,6 +67,7 @@ from streams.records import (
     Trajectory,
     decode,
 )
+from streams.rollouts import QuietExecutions, TreeSummary, reassembly_processor
 
 if TYPE_CHECKING:
     from dashboards.canary import CanaryInjector
@@ -75,7 +76,6 @@ if TYPE_CHECKING:
     from monitor.pipeline import Screener, StepVerdict
     from monitor.screening import ScreenStep
     from streams.health import BrokerState
-    from streams.rollouts import TreeSummary
 
 Report = Callable[[str], None]
 ROLES = ("screen", "review", "reassemble", "recall")
@@ -242,9 +242,6 @@ class _Execution:
     first: dict[tuple[str, int], int] = field(default_factory=dict)
     score: float = 0.0
     reasons: dict[str, str] = field(default_factory=dict)  # step id -> why it counts
-    last_seen: float = 0.0  # monotonic time of its newest step
-    last_ms: int = 0  # producer time of its newest step
-    partition: tuple[str, int] = ("", 0)
     after_timeout: bool = False  # steps of an execution that had timed out already
 
 
@@ -290,10 +287,10 @@ class ScreenStage:
         self.max_open_executions = max_open_executions
         self.execution_timeout_s = execution_timeout_s
         self._timed_out: OrderedDict[str, None] = OrderedDict()  # executions closed early
-        self._stream_ms: dict[tuple[str, int], int] = {}  # newest producer time per partition
+        self._quiet = QuietExecutions(execution_timeout_s, max_open_executions)
         self.on_step = on_step
         self.report = report
-        self._open: OrderedDict[str, _Execution] = OrderedDict()
+        self._open: dict[str, _Execution] = {}
         self._l1_signals = set(screener.policy.config.tiers[1].signals)
         self._canaries_seen: OrderedDict[str, None] = OrderedDict()  # redelivered re-injections
 
@@ -311,16 +308,9 @@ class ScreenStage:
         )
 
     def tick(self) -> list[Output]:
-        """Verdicts, marked incomplete, for open executions that timed out."""
-        if not self._open:
-            return []
-        now, limit_ms = time.monotonic(), self.execution_timeout_s * 1000
-        stale = [
-            eid for eid, ex in self._open.items()
-            if now - ex.last_seen >= self.execution_timeout_s
-            or (ex.last_ms > 0 and self._stream_ms.get(ex.partition, 0) - ex.last_ms >= limit_ms)
-        ]
-        return [o for eid in stale for o in self._close(eid, time.time(), timed_out=True)]
+        """Verdicts, marked incomplete, for open executions that went quiet."""
+        now = time.time()
+        return [o for eid in self._quiet.quiet() for o in self._close(eid, now, timed_out=True)]
 
     def hold(self) -> Positions:
         """The first offset of every open rollout execution: commits never pass it."""
@@ -490,11 +480,9 @@ class ScreenStage:
             return []
         eid = str(e.meta.get("execution_id") or e.trajectory_id)
         tp = (m.topic, m.partition)
-        self._stream_ms[tp] = max(self._stream_ms.get(tp, 0), m.timestamp_ms)
-        ex = self._open.pop(eid, None) or _Execution(after_timeout=eid in self._timed_out)
-        self._open[eid] = ex  # most recently active last
+        ex = self._open.setdefault(eid, _Execution(after_timeout=eid in self._timed_out))
         ex.first[tp] = min(ex.first.get(tp, m.offset), m.offset)
-        ex.last_seen, ex.last_ms, ex.partition = time.monotonic(), m.timestamp_ms, tp
+        self._quiet.touch(eid, m)
         ex.score = max(ex.score, _clip01(v.score))
         if v.tier >= 2:
             ex.reasons[e.step.step_id] = (
@@ -503,8 +491,7 @@ class ScreenStage:
         out: list[Output] = []
         if e.final:
             out.extend(self._close(eid, now, incomplete=bool(e.meta.get("incomplete"))))
-        while len(self._open) > self.max_open_executions:
-            old = next(iter(self._open))
+        for old in self._quiet.quiet(keep={eid}):  # too many open, or gone quiet
             out.extend(self._close(old, now, timed_out=True))
         return out
 
@@ -512,6 +499,7 @@ class ScreenStage:
                incomplete: bool = False) -> list[Output]:
         """The verdict of execution ``eid``; it holds commits no more."""
         ex = self._open.pop(eid)
+        self._quiet.forget(eid)
         partial = timed_out or incomplete or ex.after_timeout
         if timed_out:
             self._timed_out[eid] = None
@@ -948,8 +936,6 @@ class Worker:
         self.recall: RecallStage | None = None
         topics, bs = config.topics, config.batch_size
         if "reassemble" in config.roles:
-            from streams.rollouts import reassembly_processor
-
             def count_tree(t: TreeSummary) -> None:
                 self.stats.add("trees")
                 if t.incomplete and self.metrics is not None:
@@ -1051,11 +1037,10 @@ class Worker:
 
     def _on_broker(self, state: BrokerState) -> None:
         self.broker = state
-        where = "the broker"
         if state.up:
-            self.report(f"vigil stream: {where} is back ({state.reason}); the stages resume")
+            self.report(f"vigil stream: the broker is back ({state.reason}); the stages resume")
         else:
-            self.report(f"vigil stream: ALERT {where} does not answer ({state.reason}); "
+            self.report(f"vigil stream: ALERT the broker does not answer ({state.reason}); "
                         "outputs wait and nothing is committed until it is back")
         if self.metrics is not None:
             self.metrics.broker_up.set(1 if state.up else 0)

@@ -75,7 +75,7 @@ def publish_record(
     bus.publish(topic, encode(record), key=key, headers=record_headers(record, idempotency_key))
 
 
-def dead_letter_headers(
+def dead_letter_record(
     message: Message, reason: str, group_id: str = "", max_bytes: int | None = None
 ) -> tuple[bytes, dict[str, bytes]]:
     """The value and headers of ``message``'s dead letter: the original bytes (the first
@@ -95,13 +95,6 @@ def dead_letter_headers(
         headers[H_DLQ_SIZE] = str(len(value)).encode()
         value = value[:max_bytes]
     return value, headers
-
-
-def dead_letter(bus: Bus, topic: str, message: Message, reason: str, group_id: str = "",
-                max_bytes: int | None = None) -> None:
-    """Publish ``message`` to ``topic`` with why and where it came from."""
-    value, headers = dead_letter_headers(message, reason, group_id, max_bytes)
-    bus.publish(topic, value, key=message.key, headers=headers)
 
 
 Handler = Callable[[Record, Message], Iterable[Output]]
@@ -217,7 +210,7 @@ class StreamProcessor:
             "dead-lettering %s[%d]@%d: %s", message.topic, message.partition, message.offset,
             reason[:500],
         )
-        value, headers = dead_letter_headers(message, reason, self.group_id,
+        value, headers = dead_letter_record(message, reason, self.group_id,
                                              self.deadletter_max_bytes)
         self._publish(self.deadletter_topic, value, message.key, headers)
         self.stats.dead_lettered += 1
@@ -334,11 +327,8 @@ class StreamProcessor:
                 self.bus.ensure_topics(self.ensure_topics)
             except Exception as e:  # noqa: BLE001 - still down: the next flush says so
                 log.debug("ensure_topics failed: %s", e)
-            for r in self._unacked:
-                try:
-                    self.bus.publish(r.topic, r.value, key=r.key, headers=r.headers)
-                except RecordTooLarge:  # pragma: no cover - it was taken before
-                    continue
+            for r in self._unacked:  # each was taken once, so none is too large
+                self.bus.publish(r.topic, r.value, key=r.key, headers=r.headers)
 
     def _commit(self, consumer: Consumer) -> None:
         held = self.hold() if self.hold else {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from streams.bus import Bus, Message
@@ -88,6 +88,55 @@ def rollout_step_events(tree: ExecutionTree) -> list[StepEvent]:
 
 
 @dataclass
+class QuietExecutions:
+    """Which open executions have gone quiet: no record of theirs for ``timeout_s`` by the
+    wall clock, or by the producer times of later records on their partition (a stage
+    reading a backlog after a restart sees it at once), plus the least recently active
+    beyond ``max_open``. The reassembly and the screen stage close these as incomplete."""
+
+    timeout_s: float = 600.0
+    max_open: int = 10_000
+    clock: Callable[[], float] = time.monotonic
+    # per open execution, least recently active first: (clock, producer ms, partition)
+    _last: dict[str, tuple[float, int, tuple[str, int]]] = field(default_factory=dict)
+    _stream_ms: dict[tuple[str, int], int] = field(default_factory=dict)  # newest per partition
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def saw(self, message: Message) -> None:
+        """A record went by on ``message``'s partition (its producer time moves the clock)."""
+        tp = (message.topic, message.partition)
+        self._stream_ms[tp] = max(self._stream_ms.get(tp, 0), message.timestamp_ms)
+
+    def touch(self, key: str, message: Message) -> None:
+        """A record of execution ``key`` arrived in ``message``."""
+        self.saw(message)
+        self._last.pop(key, None)
+        self._last[key] = (self.clock(), message.timestamp_ms, (message.topic, message.partition))
+
+    def forget(self, key: str) -> None:
+        self._last.pop(key, None)
+
+    def quiet(self, keep: Collection[str] = ()) -> list[str]:
+        """The executions to close now, least recently active first (never those in
+        ``keep``)."""
+        now, limit_ms = self.clock(), self.timeout_s * 1000
+        out = [k for k, (seen, ts, tp) in self._last.items() if k not in keep and (
+            now - seen >= self.timeout_s
+            or (ts > 0 and self._stream_ms.get(tp, 0) - ts >= limit_ms))]
+        over = len(self._last) - len(out) - self.max_open
+        chosen = set(out)
+        for k in self._last:
+            if over <= 0:
+                break
+            if k not in chosen and k not in keep:
+                out.append(k)
+                over -= 1
+        return out
+
+
+@dataclass
 class TreeCollector:
     """Collects TITO records and says which executions are complete.
 
@@ -110,11 +159,12 @@ class TreeCollector:
     admissions: Counter[str] = field(default_factory=Counter)
     timed_out: int = 0  # executions emitted without their end
     _first_offset: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
-    # per open execution: (wall clock, producer ms, partition) of its newest record
-    _active: dict[str, tuple[float, int, tuple[str, int]]] = field(default_factory=dict)
-    _stream_ms: dict[tuple[str, int], int] = field(default_factory=dict)  # newest per partition
+    _quiet: QuietExecutions = field(init=False)
     _ended_at: dict[str, tuple[float, int]] = field(default_factory=dict)  # wall, producer ms
     _calls_seen: dict[int, tuple[int, float]] = field(default_factory=dict)  # partition -> ts
+
+    def __post_init__(self) -> None:
+        self._quiet = QuietExecutions(self.open_timeout_s, self.max_open, self.clock)
 
     def handle(self, record: Record, message: Message) -> None:
         if isinstance(record, TitoCall):
@@ -129,13 +179,12 @@ class TreeCollector:
         self.admissions[admission] += 1
         if admission == "late":
             raise LateRecordError(f"execution {eid} was already emitted")
-        tp = (message.topic, message.partition)
-        self._stream_ms[tp] = max(self._stream_ms.get(tp, 0), message.timestamp_ms)
+        self._quiet.saw(message)
         if admission == "added":
+            tp = (message.topic, message.partition)
             firsts = self._first_offset.setdefault(eid, {})
             firsts[tp] = min(firsts.get(tp, message.offset), message.offset)
-            self._active.pop(eid, None)  # most recently active last
-            self._active[eid] = (self.clock(), message.timestamp_ms, tp)
+            self._quiet.touch(eid, message)
 
     def _calls_watermark(self, now: float) -> float:
         """The producer time the calls topic has been read up to: the oldest last-read
@@ -154,28 +203,11 @@ class TreeCollector:
             if now - seen >= self.grace_s and (ts <= 0 or ts + grace_ms <= mark)  # 0: no time
         }
         trees = self._release(self.assembler.pop_completed(ready)) if ready else []
-        return trees + self._expire(now)
-
-    def _expire(self, now: float) -> list[ExecutionTree]:
-        """Open executions without an end that timed out, or the oldest over ``max_open``."""
-        limit_ms = self.open_timeout_s * 1000
-        stale = {
-            e for e, (seen, ts, tp) in self._active.items()
-            if e not in self._ended_at and (
-                now - seen >= self.open_timeout_s
-                or (ts > 0 and self._stream_ms.get(tp, 0) - ts >= limit_ms))
-        }
-        over = len(self._active) - len(stale) - self.max_open
-        for e in self._active:  # oldest activity first
-            if over <= 0:
-                break
-            if e not in stale and e not in self._ended_at:
-                stale.add(e)
-                over -= 1
-        if not stale:
-            return []
-        self.timed_out += len(stale)
-        return self._release(self.assembler.pop_open(stale))
+        stale = self._quiet.quiet(keep=self._ended_at)  # ended ones wait for their grace
+        if stale:
+            self.timed_out += len(stale)
+            trees += self._release(self.assembler.pop_open(stale))
+        return trees
 
     def flush(self) -> list[ExecutionTree]:
         """Everything buffered, ended or not (end of a replayed file)."""
@@ -185,7 +217,7 @@ class TreeCollector:
         for tree in trees:
             self._ended_at.pop(tree.execution_id, None)
             self._first_offset.pop(tree.execution_id, None)
-            self._active.pop(tree.execution_id, None)
+            self._quiet.forget(tree.execution_id)
         return trees
 
     def hold(self) -> Positions:

@@ -11,24 +11,12 @@ import sys
 
 import pytest
 
-from streams.config import KafkaSettings
 from streams.kafka import KafkaBus
 from streams.processor import H_DLQ_REASON, H_DLQ_SIZE, publish_record
 from streams.records import StepEvent, Trajectory, decode, step_events
-from tests.worker.conftest import ROOT, Outputs
+from tests.worker.conftest import ROOT, Outputs, committed
 
 pytestmark = pytest.mark.broker
-
-
-def _committed(settings: KafkaSettings, group: str, topic: str) -> int:
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(**settings.client_options(), group_id=group, enable_auto_commit=False)
-    try:
-        parts = c.partitions_for_topic(topic) or set()
-        return sum(c.committed(TopicPartition(topic, p)) or 0 for p in parts)
-    finally:
-        c.close()
 
 
 def _steps(small_agentdojo, n: int) -> list[StepEvent]:  # type: ignore[no-untyped-def]
@@ -77,7 +65,7 @@ def test_poison_records_are_dead_lettered_once_and_the_stream_goes_on(
     assert oversize and int(oversize[0].header(H_DLQ_SIZE) or 0) > 1_100_000
     assert {k.rsplit("/", 1)[0] for k in out.keys(topics.scores, tier=0)} == {
         f"{e.trajectory_id}/{e.step.step_id}" for e in steps}
-    assert _committed(kafka_settings, f"{group}-screen", topics.steps_deployment) == total
+    assert committed(kafka_settings, f"{group}-screen", topics.steps_deployment) == total
 
     # a restart finds nothing to redo: no dead letter and no score a second time
     again = start_stream(topics, "--role", "screen", "--group", group, "--idle-timeout", "3")
@@ -114,7 +102,7 @@ def test_an_execution_that_never_ends_does_not_hold_commits(
     assert verdicts["abandoned"]["incomplete"] is True
     assert not any(v["incomplete"] for k, v in verdicts.items() if k != "abandoned")
     assert "incomplete" in first.log()
-    assert _committed(kafka_settings, f"{group}-screen", topics.steps_rollout) == 101
+    assert committed(kafka_settings, f"{group}-screen", topics.steps_rollout) == 101
 
     again = start_stream(topics, "--role", "screen", "--group", group, "--idle-timeout", "3")
     assert again.proc.wait(240) == 0, again.log()[-3000:]

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.text_cut_bench import chunks_before  # the replaced implementation, unbounded
 from probes.capture import ProbeStep, Template, encode_step
 from worldmodel.data import View
 from worldmodel.encoders import TextEncoder
@@ -46,25 +47,6 @@ def huge(kind: str, size: int = 50 * MB, tag: str = "") -> str:
     else:  # "blank": whitespace after the instruction, the worst case for the line scan
         body = " \n" * ((size - len(head)) // 2)
     return head + body
-
-
-def chunks_before_issue_13(text: str, size: int = CHUNK_CHARS) -> list[str]:
-    """The quadratic implementation this issue replaced, without its limit: the reference for
-    what the pieces are (it kept the first ``limit`` in the order it made them, so a long line
-    after an instruction pushed the instruction's piece out)."""
-    out: list[str] = []
-    cur = ""
-    for line in text.splitlines() or [text]:
-        while len(line) > size:
-            out.append(line[:size])
-            line = line[size:]
-        if cur and len(cur) + len(line) + 1 > size:
-            out.append(cur)
-            cur = ""
-        cur = f"{cur}\n{line}" if cur else line
-    if cur.strip():
-        out.append(cur)
-    return [c for c in out if c.strip()]
 
 
 @pytest.mark.parametrize("kind", ["one line", "lines", "blank"])
@@ -105,7 +87,7 @@ def test_chunks_are_the_same_line_aligned_pieces_as_before(text: str, size: int,
     ``str.splitlines`` knows, blank pieces dropped; the models take a max over them, so
     trained models see what they saw), and the first ``limit`` in text order are kept."""
     every = chunks(text, size, limit=10**9)
-    assert Counter(every) == Counter(chunks_before_issue_13(text, size))
+    assert Counter(every) == Counter(chunks_before(text, size, limit=len(text) + 1))
     assert chunks(text, size, limit) == every[:limit]
 
 

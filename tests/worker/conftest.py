@@ -18,7 +18,7 @@ import pytest
 from monitor.demo import PagingServer, paging_server
 from streams.broker import EmbeddedBroker
 from streams.bus import Bus, Message
-from streams.config import Topics
+from streams.config import KafkaSettings, Topics
 from streams.kafka import KafkaBus
 from streams.processor import H_IDEMPOTENCY, publish_record
 from streams.records import Trajectory, decode, step_events
@@ -57,6 +57,18 @@ def publish(bus: Bus, topics: Topics, trajectories: list[Trajectory]) -> dict[st
             labels[f"{t.trajectory_id}/{e.step.step_id}"] = e.step.label
     bus.flush()
     return labels
+
+
+def committed(settings: KafkaSettings, group: str, topic: str) -> int:
+    """The offsets ``group`` has committed on ``topic``, summed over its partitions."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(**settings.client_options(), group_id=group, enable_auto_commit=False)
+    try:
+        parts = c.partitions_for_topic(topic) or set()
+        return sum(c.committed(TopicPartition(topic, p)) or 0 for p in parts)
+    finally:
+        c.close()
 
 
 @dataclass

@@ -23,11 +23,11 @@ import pytest
 from monitor.demo import PagingServer, step_tiers
 from monitor.worker import PagingClient, ReviewStage, load_review_screener
 from streams.bus import InMemoryBus, Message
-from streams.config import KafkaSettings, Topics
+from streams.config import Topics
 from streams.kafka import KafkaBus
 from streams.processor import H_DLQ_REASON, Output, StreamProcessor, publish_record
 from streams.records import Escalation, Record, Score, StepEvent, Trajectory, encode
-from tests.worker.conftest import ROOT, Outputs, eval_stream, publish
+from tests.worker.conftest import ROOT, Outputs, committed, eval_stream, publish
 
 pytestmark = pytest.mark.broker
 
@@ -53,18 +53,6 @@ def _check_pages(paging: PagingServer, tier3: set[str]) -> list[dict]:  # type: 
     by_traj = Counter(p["trajectory_id"] for p in pages)
     assert by_traj == Counter({k.rsplit("/", 1)[0] for k in tier3}), "no second page"
     return pages
-
-
-def _committed(kafka_settings: KafkaSettings, group: str, topic: str) -> int:
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(**kafka_settings.client_options(), group_id=group,
-                      enable_auto_commit=False)
-    try:
-        parts = c.partitions_for_topic(topic) or set()
-        return sum(c.committed(TopicPartition(topic, p)) or 0 for p in parts)
-    finally:
-        c.close()
 
 
 def test_a_stream_reaches_the_tiers_pages_once_and_stops_cleanly(
@@ -127,7 +115,7 @@ def test_a_stream_reaches_the_tiers_pages_once_and_stops_cleanly(
     assert all((m.header(H_DLQ_REASON) or "").startswith("invalid:") for m in dl)
     assert len(dl) == 2
     # after SIGTERM every input is committed: nothing left to redeliver
-    assert _committed(kafka_settings, f"{unique}.w-screen", topics.steps_deployment) == (
+    assert committed(kafka_settings, f"{unique}.w-screen", topics.steps_deployment) == (
         len(labels) + 2)
     assert "SIGTERM" in worker.log()
     bus.close()
