@@ -104,12 +104,6 @@ def load_canary_set(path: str | Path) -> list[Trajectory]:
     return got
 
 
-def default_canary_path() -> Path:
-    from streams.config import vigil_home
-
-    return vigil_home() / "data" / "canaries.jsonl"
-
-
 @dataclass(frozen=True)
 class CanaryInjector:
     """Draws the canaries to inject next to a batch of real steps (deterministically)."""
