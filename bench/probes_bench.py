@@ -37,11 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 from monitor.probes_cli import _layers, default_data  # noqa: E402
 from probes.bundle import ProbeScorer  # noqa: E402
-from probes.capture import ExtractStats, Template, default_cache_dir, extract  # noqa: E402
+from probes.capture import ExtractStats, Template, extract  # noqa: E402
 from probes.models import load_probe_model  # noqa: E402
 from probes.pipeline import evaluate_bundle, load_steps, train_probe  # noqa: E402
 from probes.plots import plot_sweep  # noqa: E402
 from probes.sweep import auroc  # noqa: E402
+from vigil.paths import probe_cache  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -97,7 +98,7 @@ def dtype_check(scorer: ProbeScorer, pm: Any, data: str, batch: int) -> dict[str
             val.steps,
             [key[0]],
             template=scorer.template,
-            cache_dir=default_cache_dir(),
+            cache_dir=probe_cache(),
             batch_size=batch,
             progress=False,
         )[key]
@@ -135,7 +136,7 @@ def short_template_check(
         tr.steps,
         [layer],
         template=t,
-        cache_dir=default_cache_dir(),
+        cache_dir=probe_cache(),
         batch_size=batch,
         progress=False,
     )
@@ -144,7 +145,7 @@ def short_template_check(
         va.steps,
         [layer],
         template=t,
-        cache_dir=default_cache_dir(),
+        cache_dir=probe_cache(),
         batch_size=batch,
         progress=False,
     )
@@ -194,7 +195,7 @@ def main() -> int:
     args = ap.parse_args()
     for k in ("train_limit", "slack_limit", "attacks_limit"):  # 0: the whole split
         setattr(args, k, getattr(args, k) or None)
-    from worldmodel.data import read_manifest
+    from worldmodel.datasets.format import read_manifest
 
     t_all = time.perf_counter()
     load_before = os.getloadavg()
@@ -202,7 +203,7 @@ def main() -> int:
     pm = load_probe_model(dtype=args.dtype, compile=args.compile)
     load_s = time.perf_counter() - t0
     template = Template()
-    cache = default_cache_dir()
+    cache = probe_cache()
     stats = ExtractStats()
     layers = _layers(args.layers, pm.num_layers)
     info, sweep = train_probe(

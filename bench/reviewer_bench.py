@@ -35,8 +35,8 @@ from monitor.reviewer.engine import load_reviewer_model  # noqa: E402
 from monitor.reviewer.local import LocalReviewer  # noqa: E402
 from monitor.reviewer.view import StepView, rubric_prompt  # noqa: E402
 from monitor.screening import ScreenStep, screen_steps_of  # noqa: E402
-from streams.config import vigil_home  # noqa: E402
 from streams.records import Trajectory, read_jsonl  # noqa: E402
+from vigil import paths  # noqa: E402
 
 
 def pick_steps(path: Path, split: str, n: int) -> tuple[list[ScreenStep], list[int]]:
@@ -70,7 +70,7 @@ def reading(auroc: dict[str, float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=str(vigil_home() / "data" / "agentdojo"))
+    ap.add_argument("--data", default=str(paths.dataset("agentdojo")))
     ap.add_argument("--split", default="test_slack")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
@@ -87,7 +87,7 @@ def main() -> None:
     t0 = time.perf_counter()
     pm = load_reviewer_model(args.model_path, threads=args.threads)
     config = ReviewerConfig(model_path=args.model_path, threads=args.threads)
-    rv = LocalReviewer(config, probe_model=pm)
+    rv = LocalReviewer(config, model=pm)
     setup_s = time.perf_counter() - t0
     print(f"set-up (load + calibration): {setup_s:.1f} s; reviewing {len(steps)} steps",
           flush=True)

@@ -101,7 +101,7 @@ def main() -> int:
     if not args.no_models:
         from transformers import AutoTokenizer
 
-        from probes.models import convert_default_model
+        from vigil.lm import convert_default_model
         from worldmodel.encoders import TextEncoder
         from worldmodel.model import JEPAConfig
 
@@ -110,7 +110,7 @@ def main() -> int:
         tokenizer = AutoTokenizer.from_pretrained(str(convert_default_model()))
 
     def featurise(kind: str, size: int) -> float:
-        from worldmodel.data import View
+        from worldmodel.datasets.format import View
         from worldmodel.features import StepInput, tabulate
 
         steps = []

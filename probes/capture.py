@@ -34,7 +34,8 @@ Activations are cached on disk under ``cache_dir/<cache key>-<template_hash>/``
 (the cache key is the model hash, with the dtype appended where it is not
 float32) as shards, each a ``keys.txt`` (one step hash a line) and one ``L<layer>-<pooling>.npy``
 matrix per captured layer and pooling, so a sweep or an eval never recomputes
-a (model, template, step, layer, pooling) it has seen.
+a (model, template, step, layer, pooling) it has seen. The CLI's default ``cache_dir``
+is :func:`vigil.paths.probe_cache` (``$VIGIL_HOME/cache/probes``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from probes.models import ProbeModel
+from vigil.lm import LanguageModel, decoder_layers
 
 POOLINGS = ("last", "mean")
 TEMPLATE_VERSION = 1
@@ -175,35 +176,23 @@ class _Stop(Exception):
     pass
 
 
-def _decoder_layers(model: Any) -> Any:
-    for path in ("model.layers", "model.model.layers", "transformer.h", "gpt_neox.layers"):
-        obj = model
-        try:
-            for part in path.split("."):
-                obj = getattr(obj, part)
-        except AttributeError:
-            continue
-        return obj
-    raise ValueError(f"{type(model).__name__}: cannot find its decoder layers")
-
-
 def _backbone(model: Any) -> Any:
     """The model without its LM head (so the vocabulary projection never runs)."""
     return getattr(model, "model", None) or getattr(model, "transformer", None) or model
 
 
 def capture_batch(
-    pm: ProbeModel,
+    lm: LanguageModel,
     template: Template,
     steps: Sequence[ProbeStep],
     layers: Sequence[int],
 ) -> dict[tuple[int, str], np.ndarray]:
     """Run one batch; ``{(layer, pooling): (len(steps), hidden) float32}``."""
-    return pool_hidden(pm, [encode_step(pm.tokenizer, template, s) for s in steps], layers)
+    return pool_hidden(lm, [encode_step(lm.tokenizer, template, s) for s in steps], layers)
 
 
 def pool_hidden(
-    pm: ProbeModel, enc: Sequence[tuple[list[int], int]], layers: Sequence[int]
+    lm: LanguageModel, enc: Sequence[tuple[list[int], int]], layers: Sequence[int]
 ) -> dict[tuple[int, str], np.ndarray]:
     """Forward token sequences; pool each over its last ``n`` tokens (``(ids, n)`` pairs).
 
@@ -213,7 +202,7 @@ def pool_hidden(
     import torch
 
     n, width = len(enc), max(len(ids) for ids, _ in enc)
-    pad = pm.tokenizer.pad_token_id or 0
+    pad = lm.tokenizer.pad_token_id or 0
     ids = torch.full((n, width), pad, dtype=torch.long)
     mask = torch.zeros((n, width), dtype=torch.long)
     for i, (tok, _) in enumerate(enc):
@@ -225,7 +214,7 @@ def pool_hidden(
     act_mask = ((pos >= (lengths - n_act)[:, None]) & (pos < lengths[:, None])).float()
     last = lengths - 1
 
-    blocks = _decoder_layers(pm.model)
+    blocks = decoder_layers(lm.model)
     deepest = max(layers)
     if min(layers) < 1 or deepest > len(blocks):
         raise ValueError(f"layers must be in 1..{len(blocks)}, got {sorted(layers)}")
@@ -246,7 +235,7 @@ def pool_hidden(
     handles = [blocks[layer - 1].register_forward_hook(hook_for(layer)) for layer in set(layers)]
     try:
         with torch.inference_mode(), contextlib.suppress(_Stop):
-            _backbone(pm.model)(input_ids=ids, attention_mask=mask, use_cache=False)
+            _backbone(lm.model)(input_ids=ids, attention_mask=mask, use_cache=False)
     finally:
         for h in handles:
             h.remove()
@@ -254,7 +243,8 @@ def pool_hidden(
 
 
 class ActivationSource(Protocol):
-    """What :func:`extract` reads activations from: a local model or an embeddings endpoint."""
+    """What :func:`extract` reads activations from: a local model
+    (:class:`probes.models.ProbeModel`) or an embeddings endpoint (:mod:`probes.remote`)."""
 
     @property
     def model_id(self) -> str: ...
@@ -345,12 +335,6 @@ class ActivationCache:
             rows = np.array([r for _, r in pairs])
             out[[i for i, _ in pairs]] = m[rows]
         return out if out is not None else np.empty((0, 0), dtype=np.float32)
-
-
-def default_cache_dir() -> Path:
-    from streams.config import vigil_home
-
-    return vigil_home() / "cache" / "probes"
 
 
 @dataclass

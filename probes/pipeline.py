@@ -51,7 +51,7 @@ def load_steps(
     data: str | Path, splits: Sequence[str], *, limit: int | None = None, seed: int = 0
 ) -> LabelledSteps:
     """Steps of ``splits``; with ``limit``, a deterministic (seeded) subsample of that size."""
-    from worldmodel.data import read_transitions
+    from worldmodel.datasets.format import read_transitions
 
     rows = list(read_transitions(data, splits))
     if limit is not None and len(rows) > limit:
@@ -141,7 +141,7 @@ def train_probe(
     from the activations the records carry (see the module docstring).
     """
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    from worldmodel.data import read_manifest
+    from worldmodel.datasets.format import read_manifest
 
     template = template or Template()
     train = load_steps(data, ["train"], limit=train_limit)

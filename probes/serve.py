@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, Field
 
-from probes.models import ProbeModel
+from vigil.lm import LanguageModel, load_language_model
 
 
 class Embedder(Protocol):
@@ -46,26 +46,26 @@ class CausalLMEmbedder:
     """Mean over tokens of decoder block ``layer``'s output of a local causal LM."""
 
     def __init__(
-        self, pm: ProbeModel, layer: int, *, max_tokens: int = 256, batch_size: int = 16
+        self, lm: LanguageModel, layer: int, *, max_tokens: int = 256, batch_size: int = 16
     ) -> None:
-        if layer not in pm.available_layers:
-            raise ValueError(f"{pm.model_id} has no layer {layer} (1..{pm.num_layers})")
-        self.pm = pm
+        if not 1 <= layer <= lm.num_layers:
+            raise ValueError(f"{lm.model_id} has no layer {layer} (1..{lm.num_layers})")
+        self.lm = lm
         self.layer = layer
         self.max_tokens = max_tokens
         self.batch_size = batch_size
-        self.name = f"{pm.model_id}:L{layer}-mean"
+        self.name = f"{lm.model_id}:L{layer}-mean"
 
     @property
     def dims(self) -> int:
-        return self.pm.hidden_size
+        return self.lm.hidden_size
 
     def encode(self, text: str) -> list[int]:
         """BOS + the text's tokens, cut from the left to ``max_tokens`` in all (the tokenizer
         reads only the tail that can hold them, ``TOKEN_CHARS`` characters a token)."""
         from probes.capture import TOKEN_CHARS
 
-        tok = self.pm.tokenizer
+        tok = self.lm.tokenizer
         ids = tok(text[-self.max_tokens * TOKEN_CHARS :], add_special_tokens=False)["input_ids"]
         bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
         room = max(1, self.max_tokens - len(bos))
@@ -79,7 +79,7 @@ class CausalLMEmbedder:
         out = np.empty((len(enc), self.dims), dtype=np.float32)
         for b in range(0, len(order), self.batch_size):
             idx = order[b : b + self.batch_size]
-            got = pool_hidden(self.pm, [(enc[i], len(enc[i])) for i in idx], [self.layer])
+            got = pool_hidden(self.lm, [(enc[i], len(enc[i])) for i in idx], [self.layer])
             out[idx] = got[(self.layer, "mean")]
         return out
 
@@ -118,9 +118,7 @@ def load_embedder(
     """A sentence-transformers folder, else a causal-LM folder (default: the Gemma probe model)."""
     if path and (Path(path) / "modules.json").exists():
         return SentenceEmbedder(path, name=name)
-    from probes.models import load_probe_model
-
-    emb = CausalLMEmbedder(load_probe_model(path, dtype=dtype), layer, max_tokens=max_tokens)
+    emb = CausalLMEmbedder(load_language_model(path, dtype=dtype), layer, max_tokens=max_tokens)
     if name:
         emb.name = name
     return emb

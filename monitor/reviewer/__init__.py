@@ -41,7 +41,7 @@ from monitor.reviewer.verdict import (
 )
 
 if TYPE_CHECKING:
-    from probes.models import ProbeModel
+    from vigil.lm import LanguageModel
 
 __all__ = [
     "BUDGET_EXHAUSTED",
@@ -67,12 +67,12 @@ __all__ = [
 ]
 
 
-def build_reviewer(config: ReviewerConfig, *, probe_model: ProbeModel | None = None) -> Reviewer:
-    """The reviewer ``config`` names (``probe_model``: an already loaded local model to use)."""
+def build_reviewer(config: ReviewerConfig, *, model: LanguageModel | None = None) -> Reviewer:
+    """The reviewer ``config`` names (``model``: an already loaded local model to use)."""
     if config.backend == "local":
         from monitor.reviewer.local import LocalReviewer
 
-        return LocalReviewer(config, probe_model=probe_model)
+        return LocalReviewer(config, model=model)
     from monitor.reviewer.endpoint import OpenAIReviewer
 
     return OpenAIReviewer(config)

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from probes.models import ProbeModel
+from vigil.lm import LanguageModel, load_language_model
 
 
 class ReviewTimeout(TimeoutError):
@@ -43,19 +43,18 @@ class ReviewTimeout(TimeoutError):
 
 def load_reviewer_model(
     path: str | Path | None = None, *, threads: int | None = None
-) -> ProbeModel:
+) -> LanguageModel:
     """A local HF causal LM loaded with eager attention (default: Gemma-3-270M).
 
-    The same folders, provenance and offline rules as :func:`probes.models.load_probe_model`
-    (the default model is converted once on first use); only the attention differs.
+    The same folders, provenance and offline rules as the probes' model
+    (:func:`vigil.lm.load_language_model`; the default model is converted once on first
+    use), in float32 and with eager attention.
     """
-    from probes.models import load_probe_model
-
-    return load_probe_model(path, threads=threads, dtype="float32", attn_implementation="eager")
+    return load_language_model(path, threads=threads, dtype="float32", attn_implementation="eager")
 
 
-def is_eager(pm: ProbeModel) -> bool:
-    return getattr(pm.model.config, "_attn_implementation", "eager") == "eager"
+def is_eager(lm: LanguageModel) -> bool:
+    return getattr(lm.model.config, "_attn_implementation", "eager") == "eager"
 
 
 def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
@@ -68,32 +67,32 @@ def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
 
 
 class NextTokenEngine:
-    """Batched next-token log-probabilities over a loaded :class:`ProbeModel`.
+    """Batched next-token log-probabilities over a loaded :class:`LanguageModel`.
 
     Thread-safe: one forward pass at a time (the model is shared).
     """
 
-    def __init__(self, pm: ProbeModel, *, batch_size: int = 8) -> None:
-        if not is_eager(pm):  # switching a loaded model's attention does not take (5.24)
-            pm = load_reviewer_model(pm.path)
-        self.pm = pm
+    def __init__(self, lm: LanguageModel, *, batch_size: int = 8) -> None:
+        if not is_eager(lm):  # switching a loaded model's attention does not take (5.24)
+            lm = load_reviewer_model(lm.path)
+        self.lm = lm
         self.batch_size = batch_size
         self._lock = threading.Lock()
-        params = inspect.signature(pm.model.model.forward).parameters
+        params = inspect.signature(lm.model.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @property
     def model_id(self) -> str:
-        return self.pm.model_id
+        return self.lm.model_id
 
     def encode(self, text: str) -> list[int]:
-        return list(self.pm.tokenizer(text, add_special_tokens=True)["input_ids"])
+        return list(self.lm.tokenizer(text, add_special_tokens=True)["input_ids"])
 
     def token_ids(self, words: Sequence[str]) -> list[int]:
         """The single-token ids of ``words`` (words that are not one token are skipped)."""
         out = []
         for w in words:
-            ids = self.pm.tokenizer.encode(w, add_special_tokens=False)
+            ids = self.lm.tokenizer.encode(w, add_special_tokens=False)
             if len(ids) == 1:
                 out.append(int(ids[0]))
         return out
@@ -113,8 +112,8 @@ class NextTokenEngine:
     def _run(self, seqs: list[list[int]], deadline: float | None) -> Any:
         import torch
 
-        model = self.pm.model
-        pad = self.pm.tokenizer.pad_token_id or 0
+        model = self.lm.model
+        pad = self.lm.tokenizer.pad_token_id or 0
         n_pre = _common_prefix(seqs)
         prefix_cache = None
         if n_pre:
@@ -163,5 +162,5 @@ class NextTokenEngine:
 
         with self._lock, torch.inference_mode():
             ids = torch.tensor([self.encode(prompt)])
-            logits = self.pm.model(input_ids=ids).logits[0, -1].float()
+            logits = self.lm.model(input_ids=ids).logits[0, -1].float()
             return torch.log_softmax(logits, dim=-1)

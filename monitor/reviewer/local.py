@@ -37,7 +37,7 @@ from monitor.reviewer.base import (
 from monitor.reviewer.engine import NextTokenEngine, ReviewTimeout, load_reviewer_model
 from monitor.reviewer.rubrics import Rubric
 from monitor.reviewer.view import rubric_prompt
-from probes.models import ProbeModel
+from vigil.lm import LanguageModel
 
 # content-free log-odds per (model, prompts): reviewers over one model compute them once
 _NULL_CACHE: dict[tuple[str, str, str, tuple[str, ...]], list[float]] = {}
@@ -54,19 +54,19 @@ class LocalReviewer(RubricReviewer):
         config: ReviewerConfig,
         rubrics: Sequence[Rubric] | None = None,
         *,
-        probe_model: ProbeModel | None = None,
+        model: LanguageModel | None = None,
     ) -> None:
         super().__init__(config, rubrics)
-        pm = probe_model or load_reviewer_model(config.model_path, threads=config.threads)
-        self.engine = NextTokenEngine(pm, batch_size=config.batch_size)
+        lm = model or load_reviewer_model(config.model_path, threads=config.threads)
+        self.engine = NextTokenEngine(lm, batch_size=config.batch_size)
         self._yes = self.engine.token_ids(YES)
         self._no = self.engine.token_ids(NO)
         if not self._yes or not self._no:
-            raise ValueError(f"{pm.path}: the tokenizer has no single token for 'yes' or 'no'")
+            raise ValueError(f"{lm.path}: the tokenizer has no single token for 'yes' or 'no'")
         if config.calibrated:  # set-up, like loading the model: not charged to the budget
             prefix = NULL_VIEW.prefix(config.max_context_chars)
             prompts = [rubric_prompt(prefix, r.question) for r in self.rubrics]
-            key = (pm.path, pm.model_id, pm.model_hash, tuple(prompts))
+            key = (lm.path, lm.model_id, lm.model_hash, tuple(prompts))
             with _NULL_LOCK:
                 if key not in _NULL_CACHE:
                     _NULL_CACHE[key] = [ly - ln for ly, ln in self._logprobs(prompts)]

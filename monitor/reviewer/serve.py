@@ -29,7 +29,7 @@ from fastapi import APIRouter, FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from monitor.reviewer.engine import NextTokenEngine, load_reviewer_model
-from probes.models import ProbeModel
+from vigil.lm import LanguageModel
 
 MAX_TOKENS = 256
 
@@ -56,15 +56,15 @@ def _openai_error(status: int, message: str) -> HTTPException:
 class CompletionService:
     """Greedy completions with top-k log-probabilities over one local model."""
 
-    def __init__(self, pm: ProbeModel, model_name: str | None = None) -> None:
-        self.pm = pm
-        self.engine = NextTokenEngine(pm, batch_size=16)
-        self.model_name = model_name or pm.model_id
+    def __init__(self, lm: LanguageModel, model_name: str | None = None) -> None:
+        self.lm = lm
+        self.engine = NextTokenEngine(lm, batch_size=16)
+        self.model_name = model_name or lm.model_id
         self._lock = threading.Lock()
         self.created = int(time.time())
 
     def _token(self, tid: int) -> str:
-        return str(self.pm.tokenizer.decode([tid]))
+        return str(self.lm.tokenizer.decode([tid]))
 
     def complete(self, req: CompletionRequest) -> dict[str, Any]:
         import torch
@@ -76,7 +76,7 @@ class CompletionService:
             raise _openai_error(400, "prompt must be a non-empty string or list of strings")
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         k = req.logprobs or 0
-        eos = self.pm.tokenizer.eos_token_id
+        eos = self.lm.tokenizer.eos_token_id
         with self._lock:
             first = self.engine.next_token_logprobs(prompts) if req.max_tokens else None
             choices = []
@@ -92,14 +92,14 @@ class CompletionService:
                     steps.append(row)
                     if req.max_tokens > 1 and toks[0] != eos:
                         with torch.inference_mode():
-                            out = self.pm.model.generate(
+                            out = self.lm.model.generate(
                                 torch.tensor([ids + toks]),
                                 attention_mask=torch.ones(1, len(ids) + 1, dtype=torch.long),
                                 max_new_tokens=req.max_tokens - 1,
                                 do_sample=False,
                                 output_scores=True,
                                 return_dict_in_generate=True,
-                                pad_token_id=self.pm.tokenizer.pad_token_id,
+                                pad_token_id=self.lm.tokenizer.pad_token_id,
                             )
                         for score in out.scores:
                             lp = torch.log_softmax(score[0].float(), dim=-1)
@@ -149,9 +149,9 @@ class CompletionService:
         }
 
 
-def create_app(pm: ProbeModel, *, model_name: str | None = None) -> FastAPI:
-    """The FastAPI app serving ``pm`` under ``/v1`` (``model_name``: the id it reports)."""
-    service = CompletionService(pm, model_name)
+def create_app(lm: LanguageModel, *, model_name: str | None = None) -> FastAPI:
+    """The FastAPI app serving ``lm`` under ``/v1`` (``model_name``: the id it reports)."""
+    service = CompletionService(lm, model_name)
     router = APIRouter(prefix="/v1", tags=["openai"])
 
     @router.get("/models")
@@ -183,5 +183,5 @@ def serve_openai(
     """Serve a local HF model (default Gemma-3-270M) as an OpenAI-compatible API; blocks."""
     import uvicorn
 
-    pm = load_reviewer_model(model_path, threads=threads)
-    uvicorn.run(create_app(pm, model_name=model_name), host=host, port=port, log_level="info")
+    lm = load_reviewer_model(model_path, threads=threads)
+    uvicorn.run(create_app(lm, model_name=model_name), host=host, port=port, log_level="info")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bench.text_cut_bench import chunks_before  # the replaced implementation, unbounded
 from probes.capture import ProbeStep, Template, encode_step
-from worldmodel.data import View
+from worldmodel.datasets.format import View
 from worldmodel.encoders import TextEncoder
 from worldmodel.features import (
     CHUNK_CHARS,
@@ -147,7 +147,7 @@ def test_a_50_mb_observation_costs_what_a_64_kb_one_does(encoder: TextEncoder) -
 def gemma_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from probes.models import convert_default_model
+    from vigil.lm import convert_default_model
 
     return AutoTokenizer.from_pretrained(str(convert_default_model()))
 

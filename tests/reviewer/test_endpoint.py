@@ -23,8 +23,8 @@ from monitor.reviewer import (
 )
 from monitor.reviewer.endpoint import OpenAIReviewer
 from monitor.reviewer.local import LocalReviewer
-from probes.models import ProbeModel
 from tests.reviewer.conftest import benign_step, fixed_completion, harmful_step, http_server
+from vigil.lm import LanguageModel
 
 
 def _openai(base_url: str, **kw: Any) -> OpenAIReviewer:
@@ -34,8 +34,8 @@ def _openai(base_url: str, **kw: Any) -> OpenAIReviewer:
 
 
 @pytest.fixture(scope="module")
-def local_uncalibrated(gemma: ProbeModel) -> ReviewVerdict:
-    rv = LocalReviewer(ReviewerConfig(calibrate=False), probe_model=gemma)
+def local_uncalibrated(gemma: LanguageModel) -> ReviewVerdict:
+    rv = LocalReviewer(ReviewerConfig(calibrate=False), model=gemma)
     [v] = rv.review([ReviewCase(benign_step())])
     return v
 

@@ -21,13 +21,13 @@ from monitor.reviewer import BUDGET_EXHAUSTED, ReviewCase, ReviewerConfig, Revie
 from monitor.reviewer.engine import NextTokenEngine
 from monitor.reviewer.local import LocalReviewer
 from monitor.reviewer.view import StepView, rubric_prompt
-from probes.models import ProbeModel
 from tests.reviewer.conftest import benign_step, harmful_step
+from vigil.lm import LanguageModel
 
 
 @pytest.fixture(scope="module")
-def reviewer(gemma: ProbeModel) -> LocalReviewer:
-    return LocalReviewer(ReviewerConfig(), probe_model=gemma)
+def reviewer(gemma: LanguageModel) -> LocalReviewer:
+    return LocalReviewer(ReviewerConfig(), model=gemma)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def verdicts(reviewer: LocalReviewer) -> list[ReviewVerdict]:
                             ReviewCase(benign_step()), ReviewCase(harmful_step())])
 
 
-def test_shared_prefix_scoring_equals_scoring_each_prompt_alone(gemma: ProbeModel) -> None:
+def test_shared_prefix_scoring_equals_scoring_each_prompt_alone(gemma: LanguageModel) -> None:
     engine = NextTokenEngine(gemma, batch_size=2)
     prefix = StepView.of(harmful_step()).prefix(4000)
     prompts = [rubric_prompt(prefix, q) for q in
@@ -76,8 +76,10 @@ def test_the_same_step_gets_the_same_verdict(verdicts: list[ReviewVerdict]) -> N
     assert (a.coverage, a.precision, a.f_beta) == (b.coverage, b.precision, b.f_beta)
 
 
-def test_timeout_stops_the_review_early(gemma: ProbeModel, verdicts: list[ReviewVerdict]) -> None:
-    rv = LocalReviewer(ReviewerConfig(timeout_s=0.2, batch_size=1), probe_model=gemma)
+def test_timeout_stops_the_review_early(
+    gemma: LanguageModel, verdicts: list[ReviewVerdict]
+) -> None:
+    rv = LocalReviewer(ReviewerConfig(timeout_s=0.2, batch_size=1), model=gemma)
     t0 = time.perf_counter()
     [v] = rv.review([ReviewCase(harmful_step())])
     took = time.perf_counter() - t0
@@ -87,8 +89,8 @@ def test_timeout_stops_the_review_early(gemma: ProbeModel, verdicts: list[Review
     assert took < verdicts[0].latency_s
 
 
-def test_budget_in_compute_seconds_is_enforced(gemma: ProbeModel) -> None:
-    rv = LocalReviewer(ReviewerConfig(budget=1e-6), probe_model=gemma)
+def test_budget_in_compute_seconds_is_enforced(gemma: LanguageModel) -> None:
+    rv = LocalReviewer(ReviewerConfig(budget=1e-6), model=gemma)
     first, second, third = rv.review([ReviewCase(benign_step())] * 3)
     assert first.error is None and first.cost > 1e-6  # the review that crosses it completes
     assert second.error == BUDGET_EXHAUSTED and third.error == BUDGET_EXHAUSTED
