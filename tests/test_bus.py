@@ -80,8 +80,11 @@ def test_each_group_gets_every_record(bus: Bus, unique: str) -> None:
 
 
 def test_ensure_topics_is_idempotent(bus: Bus, unique: str) -> None:
+    expected = {f"{unique}.x", f"{unique}.y", f"{unique}.z"}
     bus.ensure_topics([f"{unique}.x", f"{unique}.y"])
-    bus.ensure_topics([f"{unique}.x", f"{unique}.y", f"{unique}.z"])
+    bus.ensure_topics([f"{unique}.x", f"{unique}.y", f"{unique}.z"])  # two exist already
+    on_broker = bus.ping(timeout_s=10)  # the broker's topics, by the admin client for Kafka
+    assert expected <= on_broker, f"missing after ensure_topics: {sorted(expected - on_broker)}"
 
 
 @pytest.mark.parametrize("size", [0, 1, 200_000])
