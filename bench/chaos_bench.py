@@ -119,7 +119,7 @@ def prepare_models(policy: str | None, data: str | None) -> Models:
     dataset = Path(data).expanduser() if data else CACHE / "agentdojo"
     t0 = time.perf_counter()
     if not (dataset / "manifest.json").exists():
-        from worldmodel.agentdojo_data import build_agentdojo
+        from worldmodel.datasets.agentdojo.build import build_agentdojo
 
         say(f"building the small AgentDojo set -> {dataset} (banking + slack, once)")
         build_agentdojo(dataset, suites=["banking", "slack"], attacks=["important_instructions"],

@@ -53,7 +53,7 @@ def load_held_out(datasets: list[str], split: str) -> Any:
     """Held-out steps, read for evaluation only (``load_split`` refuses test splits)."""
     from monitor.pipeline import LabelledSplit, screen_step_of_transition
     from monitor.tiers import data_hash
-    from worldmodel.data import read_manifest, read_transitions
+    from worldmodel.datasets.format import read_manifest, read_transitions
 
     steps, y, hashes = [], [], []
     for d in datasets:

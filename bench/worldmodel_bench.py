@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from worldmodel.data import read_transitions  # noqa: E402
+from worldmodel.datasets.format import read_transitions  # noqa: E402
 from worldmodel.encoders import TextEncoder  # noqa: E402
 from worldmodel.evaluate import evaluate  # noqa: E402
 from worldmodel.features import step_input  # noqa: E402

@@ -56,7 +56,7 @@ def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
 @pytest.fixture(scope="session")
 def small_agentdojo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small real AgentDojo transition build (banking for training, slack held out)."""
-    from worldmodel.agentdojo_data import build_agentdojo
+    from worldmodel.datasets.agentdojo.build import build_agentdojo
 
     out = tmp_path_factory.mktemp("agentdojo-small")
     build_agentdojo(out, suites=["banking", "slack"], attacks=["important_instructions"],

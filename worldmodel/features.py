@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from worldmodel.data import Transition, View
+from worldmodel.datasets.format import Transition, View
 from worldmodel.encoders import TEXT_DIM, TextEncoder
 from worldmodel.model import GUI_KINDS, REL_DIM, Batch, JEPAConfig
 

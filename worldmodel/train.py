@@ -25,7 +25,7 @@ import torch
 
 from dashboards.recall import auroc, threshold_at_fpr
 from worldmodel.calibration import Calibration, fit_calibration, fit_platt
-from worldmodel.data import Transition, read_manifest, read_transitions
+from worldmodel.datasets.format import Transition, read_manifest, read_transitions
 from worldmodel.encoders import TextEncoder
 from worldmodel.features import Tables, make_batch, step_input, tabulate
 from worldmodel.model import JEPA, JEPAConfig, ema_update, momentum_at
@@ -110,7 +110,7 @@ def prepare(
 def _rebase(s: Any, base: Path) -> Any:
     from dataclasses import replace
 
-    from worldmodel.data import View
+    from worldmodel.datasets.format import View
 
     def fix(v: View | None) -> View | None:
         if v is None or not v.screenshot or Path(v.screenshot).is_absolute():

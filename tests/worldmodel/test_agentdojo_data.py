@@ -14,15 +14,10 @@ from agentdojo.task_suite.load_suites import get_suites
 from agentdojo.types import get_text_content_as_str
 
 from streams.records import Trajectory, read_jsonl
-from worldmodel.agentdojo_data import (
-    BENCHMARK_VERSION,
-    TARGET_MODEL,
-    TRAIN_ATTACK,
-    _NamedTarget,
-    build_agentdojo,
-    iter_agentdojo_trajectories,
-)
-from worldmodel.data import Manifest, Transition, read_manifest, read_transitions
+from worldmodel.datasets.agentdojo.build import build_agentdojo, iter_agentdojo_trajectories
+from worldmodel.datasets.agentdojo.runtime import NamedTarget
+from worldmodel.datasets.agentdojo.trajectories import BENCHMARK_VERSION, TARGET_MODEL, TRAIN_ATTACK
+from worldmodel.datasets.format import Manifest, Transition, read_manifest, read_transitions
 
 ATTACKS = [TRAIN_ATTACK, "direct", "tool_knowledge"]
 # The first 4 user tasks of every suite include val groups (workspace user_task_3,
@@ -201,7 +196,7 @@ def test_hijacked_environments_carry_agentdojos_own_injections(
     """Up to the splice, a hijacked run equals AgentDojo's ground-truth run on its attack's
     injected environment, and the injected vectors are the ones the attack itself picks."""
     suites = get_suites(BENCHMARK_VERSION)
-    target = _NamedTarget(TARGET_MODEL)
+    target = NamedTarget(TARGET_MODEL)
     attacks: dict[tuple[str, str], BaseAttack] = {}
     checked = 0
     for steps in trajectories.values():

@@ -15,16 +15,16 @@ import pytest
 from PIL import Image
 
 from streams.records import Trajectory, read_jsonl
-from worldmodel.data import HISTORY, Manifest, Transition, read_manifest, read_transitions
-from worldmodel.miniwob_data import (
-    DEFAULT_TASKS,
-    HARM_RULES,
-    HARM_TASKS,
-    VIEW_CHARS,
-    Request,
-    build_miniwob,
-    parse_request,
+from worldmodel.datasets.format import (
+    HISTORY,
+    Manifest,
+    Transition,
+    read_manifest,
+    read_transitions,
 )
+from worldmodel.datasets.miniwob.build import DEFAULT_TASKS, build_miniwob
+from worldmodel.datasets.miniwob.harm import HARM_RULES, HARM_TASKS, Request, parse_request
+from worldmodel.datasets.miniwob.page import VIEW_CHARS
 
 TASKS = ["click-button", "email-inbox-delete", "terminal", "social-media"]
 EPISODES = {"scripted": 3, "random": 2, "destructive": 3}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worldmodel.data import read_transitions
+from worldmodel.datasets.format import read_transitions
 from worldmodel.features import step_input
 from worldmodel.model import JEPAConfig
 from worldmodel.score import WorldModelScorer
