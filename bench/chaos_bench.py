@@ -111,9 +111,9 @@ def prepare_models(policy: str | None, data: str | None) -> Models:
     """The tiny build under ``bench/.cache/chaos`` (made on first use), or the given ones."""
     if policy:
         if not data:
-            from monitor.defaults import default_paths
+            import vigil.paths
 
-            data = str(default_paths()["agentdojo"])
+            data = str(vigil.paths.dataset("agentdojo"))
         return Models(Path(policy).expanduser(), Path(data).expanduser(), f"given: {policy}")
     CACHE.mkdir(parents=True, exist_ok=True)
     dataset = Path(data).expanduser() if data else CACHE / "agentdojo"

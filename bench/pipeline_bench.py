@@ -41,17 +41,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _sample(split: Any, n: int, seed: int = 0) -> Any:
-    from monitor.pipeline import LabelledSplit, _stratified
+    from monitor.calibrate import LabelledSplit, stratified_subsample
 
     if len(split.steps) <= n:
         return split
-    keep = _stratified(np.arange(len(split.steps)), split.y, n, seed)
+    keep = stratified_subsample(np.arange(len(split.steps)), split.y, n, seed)
     return LabelledSplit([split.steps[i] for i in keep], split.y[keep], split.hash)
 
 
 def load_held_out(datasets: list[str], split: str) -> Any:
     """Held-out steps, read for evaluation only (``load_split`` refuses test splits)."""
-    from monitor.pipeline import LabelledSplit, screen_step_of_transition
+    from monitor.calibrate import LabelledSplit, screen_step_of_transition
     from monitor.tiers import data_hash
     from worldmodel.datasets.format import read_manifest, read_transitions
 
@@ -66,10 +66,11 @@ def load_held_out(datasets: list[str], split: str) -> Any:
 
 def quality(args: argparse.Namespace) -> dict[str, Any]:
     from dashboards.recall import auroc
+    from monitor.defaults import ensure_policy
     from monitor.pipeline import load_screener
     from monitor.tiers import TIERS
 
-    screener = load_screener(args.policy)
+    screener = load_screener(ensure_policy(args.policy))
     out: dict[str, Any] = {
         "policy": str(args.policy or "default"),
         "policy_data": dict(screener.policy.data),
@@ -125,14 +126,14 @@ def stream(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    from monitor.defaults import default_paths
+    import vigil.paths
 
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--part", choices=["quality", "stream", "all"], default="all")
     p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
-    p.add_argument("--data", nargs="+", default=[str(default_paths()["agentdojo"])])
+    p.add_argument("--data", nargs="+", default=[str(vigil.paths.dataset("agentdojo"))])
     p.add_argument("--splits", nargs="+", default=["test_slack", "test_attacks"])
     p.add_argument("--per-split", type=int, default=2000,
                    help="steps sampled per held-out split, screened through L1")

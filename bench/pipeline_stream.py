@@ -2,7 +2,7 @@
 
 A producer publishes deployment step events (held-out ``test_slack`` AgentDojo steps, in
 trajectory order) at a fixed rate to the embedded Tansu broker; the worker's screen stage
-(L0 + L1, ``monitor.worker.ScreenStage`` in a ``Worker`` thread) scores them; a reader on
+(L0 + L1, ``monitor.stream.screen.ScreenStage`` in a ``Worker`` thread) scores them; a reader on
 the scores topic measures produce → tier-0 score latency. Model compute is the screener's
 own per-tier timing; the handler's other work and the processor loop are overhead.
 """
@@ -42,7 +42,7 @@ def _events(datasets: list[str], n: int) -> list[Any]:
 
 def run_rate(screener: Any, bootstrap: str, datasets: list[str], rate: float, seconds: float,
              tag: str) -> dict[str, Any]:
-    from monitor.worker import ScreenStage
+    from monitor.stream.screen import ScreenStage
     from streams.config import KafkaSettings, Topics
     from streams.kafka import KafkaBus
     from streams.processor import publish_record

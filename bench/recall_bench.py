@@ -86,26 +86,26 @@ def _held_out(path: Path, n: int, seed: int) -> list[Any]:
 def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry, start_http_server
 
+    import vigil.paths
     from dashboards import promql
-    from dashboards.canary import CanaryInjector, load_canary_set
     from dashboards.ground_truth import reached_counts
     from dashboards.metrics import WorkerMetrics
     from dashboards.prometheus import LocalPrometheus
     from dashboards.recall import wilson_interval
     from dashboards.report import recall_from_prometheus, recall_over_time, render_report
-    from monitor.defaults import default_paths, ensure_default_canaries
+    from monitor.defaults import ensure_default_canaries
     from monitor.pipeline import load_screener
-    from monitor.worker import Worker, WorkerConfig
+    from monitor.stream.build import build_worker
+    from monitor.stream.runner import WorkerConfig
     from streams.broker import EmbeddedBroker
     from streams.config import KafkaSettings, Topics
     from streams.kafka import KafkaBus
     from streams.processor import publish_record
     from streams.records import step_events
 
-    data = default_paths()["agentdojo"]
+    data = vigil.paths.dataset("agentdojo")
     trajectories = _held_out(data, args.trajectories, args.seed)
     canary_path = ensure_default_canaries(log=print)
-    canaries = CanaryInjector(load_canary_set(canary_path), args.canary_rate)
     screener = load_screener(args.policy, reviewer=False)
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry)
@@ -119,10 +119,11 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
         bus = KafkaBus(settings)
         bus.ensure_topics(topics.all())
         stop = threading.Event()
-        worker = Worker(WorkerConfig(topics=topics, roles=("screen", "recall"),
-                                     group="bench", batch_size=64, stats_every_s=1e9),
-                        lambda: KafkaBus(settings), screener=screener, stop=stop,
-                        report=lambda _m: None, metrics=metrics, canaries=canaries)
+        worker = build_worker(WorkerConfig(topics=topics, roles=("screen", "recall"),
+                                           group="bench", batch_size=64, stats_every_s=1e9),
+                              lambda: KafkaBus(settings), screener=screener, stop=stop,
+                              report=lambda _m: None, metrics=metrics,
+                              canary_rate=args.canary_rate, canaries=canary_path)
         runner = threading.Thread(target=worker.run, daemon=True)
         runner.start()
         prom.wait_for('vigil_steps_total{tier="0"}', timeout_s=60)

@@ -1,16 +1,14 @@
 """The embedded defaults: datasets, model bundles and the calibrated policy, made on first use.
 
-Everything lives under ``$VIGIL_HOME`` (default ``~/.cache/vigil``)::
-
-    data/agentdojo/         AgentDojo transitions (``monitor worldmodel build-data agentdojo``)
-    models/worldmodel/      the L0 world-model bundle
-    models/probes/          the L1 probe bundle
-    models/policy.json      the calibrated tier policy that joins them
+Everything lives under ``$VIGIL_HOME`` (the layout is :mod:`vigil.paths`): the AgentDojo
+transitions, the L0 world-model bundle, the L1 probe bundle and the calibrated tier policy
+that joins them.
 
 :func:`prepare_defaults` builds whatever is missing, in that order, printing
 what it does; what exists is loaded, never rebuilt. ``small=True`` trains
 smaller models on fewer steps (``make demo``; minutes instead of ten).
-Only the ``train`` and ``val`` splits are fitted on.
+Only the ``train`` and ``val`` splits are fitted on. :func:`ensure_policy` is what the
+commands call: the policy they were given, or the default one, built on first use.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import vigil.paths
 from monitor.tiers import PolicyConfig, default_policy_config
 
 Log = Callable[[str], None]
@@ -43,19 +42,15 @@ FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 60)
 SMALL = DefaultSizes(3, (6,), 300, 400, 20)
 
 
-def default_paths(home: Path | None = None) -> dict[str, Path]:
-    from streams.config import vigil_home
-
-    home = home or vigil_home()
-    return {
-        "agentdojo": home / "data" / "agentdojo",
-        "miniwob": home / "data" / "miniwob",
-        "worldmodel": home / "models" / "worldmodel",
-        "probes": home / "models" / "probes",
-        "policy": home / "models" / "policy.json",
-        "text_cache": home / "cache" / "text",
-        "probe_cache": home / "cache" / "probes",
-    }
+def ensure_policy(policy: str | Path | None = None, *, log: Log = _stderr) -> Path:
+    """``policy`` if given; else the default policy, prepared first if it does not exist yet
+    (with progress; minutes, once)."""
+    if policy:
+        return Path(policy).expanduser()
+    path = vigil.paths.policy()
+    if not path.exists():
+        prepare_defaults(log=log)
+    return path
 
 
 def prepare_defaults(
@@ -65,7 +60,15 @@ def prepare_defaults(
     log: Log = _stderr,
 ) -> Path:
     """Build what is missing of the default data, models and policy; return the policy path."""
-    paths = default_paths()
+    paths = {
+        "agentdojo": vigil.paths.dataset("agentdojo"),
+        "miniwob": vigil.paths.dataset("miniwob"),
+        "worldmodel": vigil.paths.worldmodel_bundle(),
+        "probes": vigil.paths.probes_bundle(),
+        "policy": vigil.paths.policy(),
+        "text_cache": vigil.paths.text_cache(),
+        "probe_cache": vigil.paths.probe_cache(),
+    }
     sizes = SMALL if small else FULL
     t0 = time.perf_counter()
     if paths["policy"].exists():
@@ -132,7 +135,8 @@ def calibrate_default(
     log: Log = _stderr,
 ) -> Path:
     """Calibrate ``config`` with the given model bundles on ``datasets`` and save it to ``out``."""
-    from monitor.pipeline import build_parts, calibrate, load_split
+    from monitor.calibrate import calibrate, load_split
+    from monitor.pipeline import build_parts
 
     parts = build_parts(config, models=models, reviewer=reviewer, log=log)
     train = load_split(datasets, "train", limit=sizes.calibrate_train_limit)
@@ -152,11 +156,11 @@ def calibrate_default(
 def ensure_default_canaries(log: Log = _stderr) -> Path:
     """The default canary set (``$VIGIL_HOME/data/canaries.jsonl``), built from the training
     split of the default AgentDojo data on first use."""
-    from dashboards.canary import build_canary_set, default_canary_path
+    from dashboards.canary import build_canary_set
 
-    path = default_canary_path()
+    path = vigil.paths.canaries()
     if not path.exists():
-        src = default_paths()["agentdojo"]
+        src = vigil.paths.dataset("agentdojo")
         if not (src / "manifest.json").exists():
             from worldmodel.agentdojo_data import build_agentdojo
 

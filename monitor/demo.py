@@ -33,7 +33,7 @@ from streams.bus import Bus, Message
 from streams.processor import H_DLQ_REASON, H_IDEMPOTENCY
 
 if TYPE_CHECKING:
-    from monitor.worker import ScreenedStep
+    from monitor.stream.screen import ScreenedStep
     from streams.records import Trajectory
     from streams.rollouts import TreeSummary
 
@@ -232,9 +232,12 @@ def run_demo(
 
     Where the default AgentDojo data exists, canaries from its training split are injected
     at ``canary_rate`` per step, and the summary gives their recall per tier."""
-    from monitor.defaults import default_paths, prepare_defaults
+    import vigil.paths
+    from monitor.defaults import prepare_defaults
     from monitor.pipeline import load_screener
-    from monitor.worker import PagingClient, Worker, WorkerConfig
+    from monitor.stream.build import build_worker
+    from monitor.stream.paging import PagingClient
+    from monitor.stream.runner import WorkerConfig
     from streams.broker import EmbeddedBroker
     from streams.config import KafkaSettings, Topics
     from streams.kafka import KafkaBus
@@ -253,7 +256,7 @@ def run_demo(
     if policy is None:
         say("vigil demo: preparing the small default models (trained once, then loaded) ...")
         policy = prepare_defaults(small=True)
-    dataset = default_paths()["agentdojo"] / "trajectories.jsonl"
+    dataset = vigil.paths.dataset("agentdojo") / "trajectories.jsonl"
     say(f"vigil demo: loading the screener ({policy}) ...")
     screener = load_screener(policy)
     from prometheus_client import CollectorRegistry
@@ -261,15 +264,8 @@ def run_demo(
     from dashboards.metrics import WorkerMetrics
 
     metrics = WorkerMetrics(CollectorRegistry())
-    canaries = None
-    if dataset.exists() and canary_rate > 0:
-        from dashboards.canary import CanaryInjector, load_canary_set
-        from monitor.defaults import ensure_default_canaries
-
-        path = ensure_default_canaries(log=say)
-        canaries = CanaryInjector(load_canary_set(path), canary_rate)
-        say(f"vigil demo: injecting canaries at {canary_rate:g} per step "
-            f"({len(canaries.canaries)} from the training split, {path})")
+    if not dataset.exists():
+        canary_rate = 0.0  # canaries come from the training split of the AgentDojo data
     say("vigil demo: starting the embedded broker (Tansu, memory only) ...")
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="vigil-demo-") as tmp:
         settings = KafkaSettings(bootstrap_servers=broker.bootstrap_servers,
@@ -293,18 +289,18 @@ def run_demo(
                 )
 
             stop = threading.Event()
-            worker = Worker(
+            worker = build_worker(
                 WorkerConfig(topics=topics, group="vigil-demo", batch_size=32, grace_s=0.5,
                              stats_every_s=1e9),
                 lambda: KafkaBus(settings),
                 screener=screener,
                 paging=PagingClient(paging.url, paging.producer_token),
+                canary_rate=canary_rate,
                 stop=stop,
                 report=lambda msg: say(f"  {msg}"),
                 on_step=lambda s: say(_step_line(s)),
                 on_tree=show_tree,
                 metrics=metrics,
-                canaries=canaries,
             )
             runner = threading.Thread(target=worker.run, name="vigil-worker", daemon=True)
             runner.start()

@@ -12,7 +12,7 @@ passes the step up when that probability reaches the gate's threshold.
   never lower the probability) and a signal that is missing for a step (the
   result of an action not yet known, a reviewer that timed out) replaced by its
   median on benign training steps.
-* **Budgets** (:func:`calibrate_gates`): a gate's ``budget`` is the share of
+* **Budgets** (:func:`monitor.calibrate.calibrate`): a gate's ``budget`` is the share of
   all steps it may pass up, measured on benign validation steps (defaults: 20 %
   reach L1, 2 % reach L2, 0.2 % reach a human). Gates are a cascade, so a
   gate's threshold is set on the benign steps that reached it.
@@ -49,30 +49,18 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
 
 from dashboards.recall import threshold_at_fpr
+from monitor.scorers import UnknownSignal, check_tier_signals, default_signals
 
 TIERS = ("L0", "L1", "L2", "L3")
 DEFAULT_BUDGETS = (0.20, 0.02, 0.002)
-DEFAULT_SIGNALS: tuple[tuple[str, ...], ...] = (
-    (
-        "wm_harm_pre",
-        "wm_harm_post",
-        "wm_surprise",
-        "wm_relational_harm",
-        "wm_injection",
-        "rule_destructive",
-        "rule_new_recipient",
-        "rule_injection_marker",
-    ),
-    ("probe_harm",),
-    ("rv_coverage", "rv_precision", "rv_fbeta"),
-)
 POLICY_VERSION = 1
 _EPS = 1e-4
 
@@ -143,11 +131,14 @@ class PolicyConfig:
 
 
 def default_policy_config() -> PolicyConfig:
+    """Every signal the scorers of each tier produce (:mod:`monitor.scorers`), at the
+    default budgets."""
+    l0, l1, l2 = default_signals()
     return PolicyConfig(
         tiers=(
-            TierConfig("L0", DEFAULT_SIGNALS[0], DEFAULT_BUDGETS[0], {"worldmodel": None}),
-            TierConfig("L1", DEFAULT_SIGNALS[1], DEFAULT_BUDGETS[1], {"probes": None}),
-            TierConfig("L2", DEFAULT_SIGNALS[2], DEFAULT_BUDGETS[2], reviewer={"backend": "local"}),
+            TierConfig("L0", l0, DEFAULT_BUDGETS[0], {"worldmodel": None}),
+            TierConfig("L1", l1, DEFAULT_BUDGETS[1], {"probes": None}),
+            TierConfig("L2", l2, DEFAULT_BUDGETS[2], reviewer={"backend": "local"}),
         )
     )
 
@@ -184,6 +175,10 @@ def policy_config_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Pol
         signals = t.get("signals", list(default.signals))
         if not isinstance(signals, list) or not all(isinstance(s, str) for s in signals):
             raise fail(f"tiers.{default.name}.signals must be a list of signal names")
+        try:
+            check_tier_signals(len(tiers), signals)
+        except UnknownSignal as e:
+            raise fail(str(e)) from None
         models = t.get("models", dict(default.models))
         if not isinstance(models, Mapping):
             raise fail(f"tiers.{default.name}.models must map a model name to a bundle folder")
@@ -246,16 +241,17 @@ def signal_matrix(rows: Sequence[Mapping[str, float]], names: Sequence[str]) -> 
     return out
 
 
-@dataclass
-class StackedCombiner:
-    """Non-negative logistic stacking over signal logits (a scikit-learn-style estimator).
+class StackedCombiner(ClassifierMixin, BaseEstimator):
+    """Non-negative logistic stacking over signal logits (a scikit-learn estimator:
+    ``__init__`` stores, ``fit`` returns self, fitted state ends in ``_``, ``clone`` works).
 
     ``fit(X, y)`` with ``X`` from :func:`signal_matrix` (NaN = missing).
     ``predict_proba(X)[:, 1]`` is monotone non-decreasing in every column.
     """
 
-    C: float = 1.0
-    class_weight: str | None = "balanced"
+    def __init__(self, C: float = 1.0, class_weight: str | None = "balanced") -> None:
+        self.C = C
+        self.class_weight = class_weight
 
     def _features(self, X: np.ndarray) -> np.ndarray:
         F = _logit(np.where(np.isnan(X), self.fill_, X))
@@ -300,6 +296,7 @@ class StackedCombiner:
         self.coef_ = res.x[:d]
         self.intercept_ = float(res.x[d])
         self.n_features_in_ = d
+        self.classes_ = np.array([0, 1])
         return self
 
     def decision_function(self, X: np.ndarray) -> np.ndarray:
@@ -314,6 +311,9 @@ class StackedCombiner:
         z = np.clip(self.decision_function(X), -50, 50)
         p = 1.0 / (1.0 + np.exp(-z))
         return np.stack([1 - p, p], axis=1)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return (self.decision_function(X) > 0).astype(int)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -335,6 +335,7 @@ class StackedCombiner:
         c.mean_ = np.asarray(d["mean"], dtype=np.float64)
         c.scale_ = np.asarray(d["scale"], dtype=np.float64)
         c.n_features_in_ = len(c.coef_)
+        c.classes_ = np.array([0, 1])
         return c
 
 
@@ -489,7 +490,7 @@ class CalibratedPolicy:
 # --- calibration -----------------------------------------------------------------------
 
 
-def _threshold_for(benign_scores: np.ndarray, share: float, of: int) -> float:
+def threshold_for(benign_scores: np.ndarray, share: float, of: int) -> float:
     """Smallest threshold passing at most ``share * of`` of ``benign_scores``."""
     if of == 0 or len(benign_scores) == 0:
         return 1.0
@@ -539,6 +540,3 @@ def gate_metrics(
         out[f"recall_{TIERS[k]}"] = float(reached[y == 1].mean()) if (y == 1).any() else None
     return out
 
-
-def as_dict(x: Any) -> dict[str, Any]:
-    return asdict(x)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from monitor.reviewer.evidence import CLAIM_AT, best_evidence, check_claim
 from monitor.reviewer.rubrics import Rubric
@@ -77,14 +77,13 @@ class ReviewVerdict:
     category_coverage: Mapping[str, float] = field(default_factory=dict)
     step_key: str = ""  # trajectory_id/step_id of the step reviewed
 
+    #: the L2 signals a verdict gives (a tier policy may name these at L2)
+    SIGNALS: ClassVar[tuple[str, ...]] = ("rv_coverage", "rv_precision", "rv_fbeta")
+
     def signals(self) -> dict[str, float]:
         if self.error is not None:
             return {}
-        return {
-            "rv_coverage": self.coverage,
-            "rv_precision": self.precision,
-            "rv_fbeta": self.f_beta,
-        }
+        return dict(zip(self.SIGNALS, (self.coverage, self.precision, self.f_beta), strict=True))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

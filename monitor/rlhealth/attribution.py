@@ -277,7 +277,7 @@ class WorldModelCritic:
 
 def world_model_of(screener: Screener) -> WorldModelScorer | None:
     """The world model among ``screener``'s L0 scorers (None: a review-only screener)."""
-    from monitor.pipeline import WorldModelSignals
+    from monitor.scorers import WorldModelSignals
 
     for scorer in screener.l0:
         if isinstance(scorer, WorldModelSignals):

@@ -141,7 +141,7 @@ async def _load_screen(settings: PagingSettings) -> ScreenQueue:
     path = settings.screen_policy
 
     def load() -> Screener:
-        screener = load_screener(path, reviewer=False, prepare=False, log=log.info)
+        screener = load_screener(path, reviewer=False, log=log.info)
         screener.check_action(Trajectory(trajectory_id="warm-up", steps=[]),
                               Action(text="warm up"))
         return screener

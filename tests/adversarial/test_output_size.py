@@ -4,7 +4,7 @@ its place, with the reason, instead of stopping the stage."""
 
 from __future__ import annotations
 
-from monitor.worker import fit_trajectory
+from monitor.stream.history import fit_trajectory
 from streams.bus import InMemoryBus
 from streams.processor import H_DLQ_REASON, H_DLQ_SIZE, Output, StreamProcessor, publish_record
 from streams.records import Record, StepEvent, Trajectory

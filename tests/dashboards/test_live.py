@@ -207,7 +207,7 @@ def test_dashboards_show_a_live_stream_and_canary_recall_matches_offline(
         from monitor.pipeline import load_screener
         from monitor.screening import screen_steps_of
 
-        screener = load_screener(tiny_policy, reviewer=False, prepare=False)
+        screener = load_screener(tiny_policy, reviewer=False)
         offline = [0, 0, 0, 0]
         for evs in events.values():
             traj = canary_trajectory(evs)

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.pipeline import RuleSignals, Screener, StepVerdict, WorldModelSignals
+from monitor.pipeline import Screener, StepVerdict
 from monitor.rlhealth.attribution import harm_attribution, page_attributions
+from monitor.scorers import RuleSignals, WorldModelSignals
 from monitor.service.schemas import EventCreate
-from monitor.worker import page_event
+from monitor.stream.paging import page_event
 from streams.records import Escalation, Trajectory, decode
 from worldmodel.score import WorldModelScorer
 
@@ -81,8 +82,10 @@ def test_a_page_attributes_harm_to_the_hijacked_step(
     # the page event carries it, and the paging service's schema takes it
     event = page_event(_escalation(paged[0]), _verdict(paged[0]), [0.5, 0.5, 0.5],
                        attribution=atts[0])
-    assert event["payload"]["custom_details"]["attribution"] == atts[0]
-    EventCreate.model_validate(event)
+    assert event.payload is not None
+    assert (event.payload.custom_details.model_extra or {})["attribution"] == atts[0]
+    # and what goes over the wire validates on the service's side
+    EventCreate.model_validate(event.model_dump(mode="json", by_alias=True, exclude_unset=True))
 
 
 def test_without_a_world_model_there_is_no_attribution(small_agentdojo: Path) -> None:
@@ -91,7 +94,8 @@ def test_without_a_world_model_there_is_no_attribution(small_agentdojo: Path) ->
     assert harm_attribution(review_only, traj) is None
     assert harm_attribution(Screener(policy=None, l0=[RuleSignals()]), traj) is None  # type: ignore[arg-type]
     event = page_event(_escalation(traj), _verdict(traj), [0.5, 0.5, 0.5])
-    assert "attribution" not in event["payload"]["custom_details"]
+    assert event.payload is not None
+    assert "attribution" not in (event.payload.custom_details.model_extra or {})
 
 
 def _escalation(t: Trajectory) -> Escalation:

@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
-from monitor.pipeline import ActionCheck, Screener, load_screener, load_split
+from monitor.calibrate import load_split
+from monitor.pipeline import ActionCheck, Screener, load_screener
 from monitor.screening import ScreenStep
 from monitor.service.app import create_app
 from monitor.service.auth import provision_store

@@ -14,11 +14,11 @@ from monitor.tiers import (
     Gate,
     PolicyError,
     StackedCombiner,
-    _threshold_for,
     default_policy_config,
     load_policy_config,
     policy_config_from_dict,
     signal_matrix,
+    threshold_for,
 )
 
 NAMES = ("a", "b", "c")
@@ -41,7 +41,7 @@ def _policy(rng: np.random.Generator, budgets=(0.2, 0.02, 0.002)) -> CalibratedP
     for k, names in enumerate((("a",), ("a", "b"), NAMES)):
         comb = StackedCombiner().fit(signal_matrix(rows, names), y)
         p = comb.predict_proba(signal_matrix(rows, names))[:, 1]
-        gates.append(Gate(k, names, budgets[k], comb, _threshold_for(p[y == 0], budgets[k], 1)))
+        gates.append(Gate(k, names, budgets[k], comb, threshold_for(p[y == 0], budgets[k], 1)))
     g0, g1, g2 = gates
     return CalibratedPolicy(default_policy_config(), (g0, g1, g2), block_threshold=0.99)
 
@@ -104,7 +104,7 @@ def test_calibrated_budgets_hold_on_fresh_benign_steps() -> None:
     alive = benign
     for g in policy.gates:
         p = g.probability(alive)
-        thr = _threshold_for(p, g.budget, len(benign))
+        thr = threshold_for(p, g.budget, len(benign))
         gates.append(Gate(g.tier, g.signals, g.budget, g.combiner, thr))
         alive = [r for r, pi in zip(alive, p, strict=True) if pi >= thr]
     g0, g1, g2 = gates

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from monitor.pipeline import load_screener, load_split
+from monitor.calibrate import load_split
+from monitor.pipeline import load_screener
 from monitor.tiers import CalibratedPolicy
 
 

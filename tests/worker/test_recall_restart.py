@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from dashboards.ground_truth import reached_counts
 from dashboards.metrics import WorkerMetrics
-from monitor.worker import Worker, WorkerConfig
+from monitor.stream.build import build_worker
+from monitor.stream.runner import Worker, WorkerConfig
 from streams.config import KafkaSettings, Topics
 from streams.kafka import KafkaBus
 from streams.processor import publish_record
@@ -29,9 +30,9 @@ SCORES = {
 def _run_recall(settings: KafkaSettings, topics: Topics, group: str) -> tuple[Worker, list[str]]:
     said: list[str] = []
     metrics = WorkerMetrics(CollectorRegistry())
-    worker = Worker(WorkerConfig(topics=topics, roles=("recall",), group=group,
-                                 idle_timeout_s=3.0),
-                    lambda: KafkaBus(settings), report=said.append, metrics=metrics)
+    worker = build_worker(WorkerConfig(topics=topics, roles=("recall",), group=group,
+                                       idle_timeout_s=3.0),
+                          lambda: KafkaBus(settings), report=said.append, metrics=metrics)
     assert worker.run() == 0, said
     return worker, said
 
@@ -76,7 +77,7 @@ def test_a_read_back_that_fails_halfway_keeps_what_it_read_and_the_stage_runs() 
     """A broker that stops answering during the read-back costs recall counts of older
     steps, not the stage."""
     from dashboards.ground_truth import LabelJoin
-    from monitor.worker import RecallStage
+    from monitor.stream.recall import RecallStage
     from streams.bus import InMemoryBus, Message
 
     class StallingBus(InMemoryBus):

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from monitor.demo import PagingServer, step_tiers
-from monitor.worker import PagingClient, ReviewStage, load_review_screener
+from monitor.stream.paging import PagingClient
+from monitor.stream.review import ReviewStage, load_review_screener
 from streams.bus import InMemoryBus, Message
 from streams.config import Topics
 from streams.kafka import KafkaBus

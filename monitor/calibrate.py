@@ -1,0 +1,261 @@
+"""Calibration: fit a tier policy's gates from transition datasets (``monitor calibrate``).
+
+:func:`calibrate` stacks each gate's signals on the ``train`` split and sets its threshold
+on benign ``val`` steps, in cascade (a gate is fitted and thresholded on the steps that
+reach it); held-out ``test*`` splits are never read (:func:`load_split` refuses them).
+The gates themselves, and what a calibrated policy file holds, are :mod:`monitor.tiers`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from monitor.pipeline import Screener
+from monitor.screening import Scorer, ScreenStep
+from monitor.tiers import (
+    CalibratedPolicy,
+    Gate,
+    PolicyConfig,
+    data_hash,
+    fit_gate,
+    gate_metrics,
+    threshold_for,
+)
+from streams.records import Action, Observation, Step
+
+if TYPE_CHECKING:
+    from worldmodel.data import Transition
+
+    from monitor.reviewer import Reviewer
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def screen_step_of_transition(t: Transition, base: Path | None = None) -> ScreenStep:
+    """A dataset transition as the pipeline sees a step (history from its recorded pairs)."""
+
+    def shot(p: str | None) -> str | None:
+        if p and base is not None and not Path(p).is_absolute():
+            return str(base / p)
+        return p
+
+    history = tuple(
+        Step(step_id=f"h{i}", index=i, observation=Observation(text=o), action=Action(text=a))
+        for i, (o, a) in enumerate(t.history)
+    )
+    tool = t.tool
+    step = Step(
+        step_id=str(t.index),
+        index=t.index,
+        observation=Observation(text=t.observation.text, screenshot=shot(t.observation.screenshot)),
+        action=Action.model_validate(
+            {
+                "text": t.action_text,
+                "tool": {"name": tool["name"], "arguments": tool.get("arguments") or {}}
+                if tool
+                else None,
+                "gui": t.gui,
+            }
+        ),
+        result=Observation(
+            text=t.next_observation.text, screenshot=shot(t.next_observation.screenshot)
+        ),
+        label=1 if t.label else 0,
+        category=t.category,
+    )
+    return ScreenStep(
+        trajectory_id=t.trajectory_id, task=t.task, step=step, history=history,
+        source="benchmark", meta={},
+    )
+
+
+@dataclass(frozen=True)
+class LabelledSplit:
+    steps: list[ScreenStep]
+    y: np.ndarray
+    hash: str
+
+
+def load_split(
+    datasets: Sequence[str | Path], split: str, *, limit: int | None = None, seed: int = 0
+) -> LabelledSplit:
+    """The steps and labels of ``split`` over ``datasets`` (a seeded, stratified subsample)."""
+    from worldmodel.data import read_manifest, read_transitions
+
+    if split.startswith("test"):
+        raise ValueError(f"split {split!r} is held out: calibration never reads it")
+    steps, labels, hashes = [], [], []
+    for d in datasets:
+        hashes.append(read_manifest(d).content_hash)
+        for t in read_transitions(d, [split]):
+            steps.append(screen_step_of_transition(t, Path(d)))
+            labels.append(int(t.label))
+    y = np.array(labels, dtype=int)
+    if limit is not None and len(steps) > limit:
+        rng = np.random.default_rng(seed)
+        keep: list[int] = []
+        for cls in (0, 1):
+            idx = np.flatnonzero(y == cls)
+            n = round(limit * len(idx) / len(y))
+            keep.extend(rng.choice(idx, min(n, len(idx)), replace=False).tolist())
+        keep.sort()
+        steps = [steps[i] for i in keep]
+        y = y[keep]
+    return LabelledSplit(steps, y, data_hash([*hashes, split, str(limit), str(seed)]))
+
+
+def stratified_subsample(idx: np.ndarray, y: np.ndarray, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    keep: list[int] = []
+    for cls in (0, 1):
+        members = idx[y == cls]
+        k = max(1, round(n * len(members) / len(idx))) if len(members) else 0
+        keep.extend(rng.choice(members, min(k, len(members)), replace=False).tolist())
+    return np.array(sorted(keep), dtype=int)
+
+
+MIN_BENIGN_FIT = 100  # a gate is never fitted on fewer benign training steps than this
+
+
+def calibrate(
+    config: PolicyConfig,
+    screener_parts: tuple[Sequence[Scorer], Sequence[Scorer], Reviewer | None],
+    train: LabelledSplit,
+    val: LabelledSplit,
+    *,
+    data: Mapping[str, Any] | None = None,
+    review_limit: int | None = None,
+    seed: int = 0,
+    log: Log = _stderr,
+) -> CalibratedPolicy:
+    """Fit each gate on ``train`` and set its threshold on benign ``val`` steps, in cascade.
+
+    Gate ``k`` is fitted on the training steps that reach it: every harmful
+    one, the benign ones its earlier gates pass, and (so that it always sees
+    enough negatives) the benign steps the previous gate scored highest, up to
+    ``MIN_BENIGN_FIT``. Its threshold passes ``budget_k`` of *all* benign
+    validation steps. A tier's models only run on the steps that reach it.
+    ``review_limit`` caps the training steps the L2 reviewer grades (a
+    class-stratified sample of those reaching it) and the harmful validation
+    steps it grades (every benign one that reaches L2 is graded, since the
+    threshold is set on them): reviews cost seconds each. The validation
+    figures then count the unreviewed harmful steps as stopped at L2.
+    """
+    l0, l1, reviewer = screener_parts
+    probe = Screener(policy=None, l0=l0, l1=l1, reviewer=reviewer)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    log(f"calibrate: L0 signals for {len(train.steps)} train and {len(val.steps)} val steps")
+    rows_tr = probe.tier_signals(0, train.steps)
+    rows_va = probe.tier_signals(0, val.steps)
+    unreviewed_va = np.zeros(0, dtype=int)  # harmful val steps reaching L2 left unreviewed
+    fit_tr = np.arange(len(train.steps))  # training steps the current gate is fitted on
+    reach_va = np.arange(len(val.steps))  # validation steps that reached the current gate
+    benign_va = int((val.y == 0).sum())
+    gates: list[Gate] = []
+    p_tr_prev = np.zeros(len(train.steps))
+    block_threshold = 1.0
+    for k, tier in enumerate(config.tiers):
+        if k > 0:
+            # the tier's models run on the steps that reached it
+            if k == 1:
+                new_tr = probe.tier_signals(1, [train.steps[i] for i in fit_tr])
+                new_va = probe.tier_signals(1, [val.steps[i] for i in reach_va])
+            else:
+                if review_limit is not None and len(fit_tr) > review_limit:
+                    fit_tr = stratified_subsample(fit_tr, train.y[fit_tr], review_limit, seed)
+                harmful_va = reach_va[val.y[reach_va] == 1]
+                if review_limit is not None and len(harmful_va) > review_limit:
+                    # the threshold is set on benign steps only: every benign one is
+                    # reviewed, the harmful ones (for the figures) are sampled
+                    rng = np.random.default_rng(seed)
+                    keep = rng.choice(harmful_va, review_limit, replace=False)
+                    unreviewed_va = np.setdiff1d(harmful_va, keep)
+                    reach_va = np.sort(np.concatenate([reach_va[val.y[reach_va] == 0], keep]))
+                log(f"calibrate: reviewing {len(fit_tr)} train and {len(reach_va)} val steps")
+                new_tr = [
+                    v.signals() if v else {}
+                    for v in probe.review_signals(
+                        [train.steps[i] for i in fit_tr], [rows_tr[i] for i in fit_tr]
+                    )
+                ]
+                new_va = [
+                    v.signals() if v else {}
+                    for v in probe.review_signals(
+                        [val.steps[i] for i in reach_va], [rows_va[i] for i in reach_va]
+                    )
+                ]
+            for i, r in zip(fit_tr, new_tr, strict=True):
+                rows_tr[i].update(r)
+            for i, r in zip(reach_va, new_va, strict=True):
+                rows_va[i].update(r)
+        names = config.gate_signals(k)
+        comb = fit_gate(
+            k, names, tier.budget, [rows_tr[i] for i in fit_tr], train.y[fit_tr], C=config.C
+        )
+        gate = Gate(k, names, tier.budget, comb, 1.0)
+        p_va = gate.probability([rows_va[i] for i in reach_va])
+        benign_scores = p_va[val.y[reach_va] == 0]
+        thr = threshold_for(benign_scores, tier.budget, benign_va)
+        gate = Gate(k, names, tier.budget, comb, thr)
+        gates.append(gate)
+        if k == 1:
+            block_threshold = threshold_for(benign_scores, config.block_budget, benign_va)
+        passed = reach_va[p_va >= thr]
+        log(
+            f"calibrate: gate {tier.name}->L{k + 1}: threshold {thr:.4f}; "
+            f"{int((val.y[passed] == 0).sum())}/{benign_va} benign and "
+            f"{int(val.y[passed].sum())}/{int(val.y.sum())} harmful val steps pass; weights "
+            + ", ".join(
+                f"{n}={w:.2f}" for n, w in zip(names, comb.coef_, strict=True) if w > 1e-6
+            )
+        )
+        if k < 2:
+            p_tr = np.zeros(len(train.steps))
+            p_tr[fit_tr] = gate.probability([rows_tr[i] for i in fit_tr])
+            p_tr_prev = p_tr
+            up = fit_tr[p_tr[fit_tr] >= thr]
+            harmful = fit_tr[train.y[fit_tr] == 1]
+            benign_up = up[train.y[up] == 0]
+            chosen = set(harmful.tolist()) | set(benign_up.tolist())
+            short = MIN_BENIGN_FIT - len(benign_up)
+            if short > 0:
+                benign_all = fit_tr[train.y[fit_tr] == 0]
+                rest = benign_all[~np.isin(benign_all, benign_up)]
+                hardest = rest[np.argsort(-p_tr_prev[rest])][:short]
+                chosen |= set(hardest.tolist())
+            fit_tr = np.array(sorted(chosen), dtype=int)
+            reach_va = passed
+    g0, g1, g2 = gates
+    policy = CalibratedPolicy(
+        config=config,
+        gates=(g0, g1, g2),
+        block_threshold=block_threshold,
+        data={"train": train.hash, "val": val.hash, **(data or {})},
+    )
+    counted = np.setdiff1d(np.arange(len(val.steps)), unreviewed_va)
+    decisions = policy.decide_many([rows_va[i] for i in counted], through=2)
+    metrics = {
+        "val": gate_metrics(decisions, val.y[counted]),
+        "val_harmful_unreviewed_left_out": int(len(unreviewed_va)),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "timings": {k: round(v, 2) for k, v in probe.timings.items()},
+    }
+    log(f"calibrate: done in {metrics['seconds']} s; val {metrics['val']}")
+    return CalibratedPolicy(
+        config=policy.config,
+        gates=policy.gates,
+        block_threshold=policy.block_threshold,
+        data=policy.data,
+        metrics=metrics,
+    )

@@ -1,0 +1,133 @@
+"""Rollout verdicts: the screen stage's open executions, held until their final step, then
+one :class:`~streams.records.RolloutVerdict` each for the trainer's admission.
+
+An execution holds commits (its first offset per partition) while it is open, so a crash
+screens it again whole. One that goes quiet (no step for ``execution_timeout_s`` by the
+wall clock or by the producer times of later records on its partition), or is the oldest
+of more than ``max_open_executions``, is closed with a verdict marked ``incomplete``; a
+step that arrives after that gets a second verdict keyed ``.../verdict/after-timeout``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from monitor.stream.stats import Report, WorkerStats, clip01
+from streams.bus import Message
+from streams.config import Topics
+from streams.processor import Output, Positions
+from streams.records import RolloutVerdict, StepEvent
+from streams.rollouts import QuietExecutions
+
+if TYPE_CHECKING:
+    from dashboards.metrics import WorkerMetrics
+    from monitor.pipeline import StepVerdict
+
+
+@dataclass
+class _Execution:
+    """An open rollout execution: where its steps start, and what screening found so far."""
+
+    first: dict[tuple[str, int], int] = field(default_factory=dict)
+    score: float = 0.0
+    reasons: dict[str, str] = field(default_factory=dict)  # step id -> why it counts
+    after_timeout: bool = False  # steps of an execution that had timed out already
+
+
+class RolloutVerdicts:
+    """The open executions of one screen stage and the verdicts that close them."""
+
+    def __init__(
+        self,
+        topics: Topics,
+        stats: WorkerStats,
+        report: Report,
+        *,
+        metrics: WorkerMetrics | None = None,
+        execution_timeout_s: float = 600.0,
+        max_open_executions: int = 10_000,
+    ) -> None:
+        self.topics = topics
+        self.stats = stats
+        self.report = report
+        self.metrics = metrics
+        self.execution_timeout_s = execution_timeout_s
+        self.max_open_executions = max_open_executions
+        self._open: dict[str, _Execution] = {}
+        self._timed_out: OrderedDict[str, None] = OrderedDict()  # executions closed early
+        self._quiet = QuietExecutions(execution_timeout_s, max_open_executions)
+
+    def hold(self) -> Positions:
+        """The first offset of every open rollout execution: commits never pass it."""
+        held: dict[tuple[str, int], int] = {}
+        for ex in self._open.values():
+            for tp, off in ex.first.items():
+                held[tp] = min(held.get(tp, off), off)
+        return held
+
+    def close_quiet(self, now: float) -> list[Output]:
+        """Verdicts, marked incomplete, for open executions that went quiet."""
+        return [o for eid in self._quiet.quiet() for o in self.close(eid, now, timed_out=True)]
+
+    def track(self, e: StepEvent, m: Message, v: StepVerdict, now: float) -> list[Output]:
+        """Count one screened rollout step; its execution's verdict if the step is final."""
+        if e.source != "rollout":
+            return []
+        eid = str(e.meta.get("execution_id") or e.trajectory_id)
+        tp = (m.topic, m.partition)
+        ex = self._open.setdefault(eid, _Execution(after_timeout=eid in self._timed_out))
+        ex.first[tp] = min(ex.first.get(tp, m.offset), m.offset)
+        self._quiet.touch(eid, m)
+        ex.score = max(ex.score, clip01(v.score))
+        if v.tier >= 2:
+            ex.reasons[e.step.step_id] = (
+                f"step {e.step.step_id} reached L{v.tier} (score {v.score:.3f})"
+            )
+        out: list[Output] = []
+        if e.final:
+            out.extend(self.close(eid, now, incomplete=bool(e.meta.get("incomplete"))))
+        for old in self._quiet.quiet(keep={eid}):  # too many open, or gone quiet
+            out.extend(self.close(old, now, timed_out=True))
+        return out
+
+    def close(self, eid: str, now: float, *, timed_out: bool = False,
+              incomplete: bool = False) -> list[Output]:
+        """The verdict of execution ``eid``; it holds commits no more."""
+        ex = self._open.pop(eid)
+        self._quiet.forget(eid)
+        partial = timed_out or incomplete or ex.after_timeout
+        if timed_out:
+            self._timed_out[eid] = None
+            while len(self._timed_out) > 100_000:
+                self._timed_out.popitem(last=False)
+            if self.metrics is not None:
+                self.metrics.rollout_timeouts.labels(stage="screen").inc()
+        verdict = RolloutVerdict(
+            execution_id=eid,
+            quarantine=bool(ex.reasons),
+            score=ex.score,
+            reasons=list(ex.reasons.values()),
+            step_ids=list(ex.reasons),
+            created_at=now,
+            incomplete=partial,
+        )
+        # a verdict on the steps after a timeout is a second verdict, not a repeat
+        key = f"{eid}/verdict" + ("/after-timeout" if ex.after_timeout else "")
+        self.stats.add("verdicts")
+        if verdict.quarantine:
+            self.stats.add("quarantined")
+        if self.metrics is not None:
+            self.metrics.verdicts.labels(quarantine=str(verdict.quarantine).lower()).inc()
+        why = ""
+        if timed_out:
+            why = (f" [incomplete: no step for {self.execution_timeout_s:.0f} s, or over "
+                   f"{self.max_open_executions} open executions]")
+        elif partial:
+            why = " [incomplete]"
+        self.report(
+            f"rollout {eid}: {'QUARANTINE' if verdict.quarantine else 'admit'}{why}"
+            + (f" ({'; '.join(verdict.reasons[:3])})" if verdict.reasons else "")
+        )
+        return [Output(self.topics.verdicts_rollout, verdict, key=eid, idempotency_key=key)]
