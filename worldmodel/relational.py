@@ -13,16 +13,20 @@ estimators read *relations* instead of identities:
   agent read, ``features.relational``) plus the injection scores of the
   current and earlier observations.
 
-Both are scikit-learn style (``fit`` returns self, learned state ends in ``_``).
+Both are scikit-learn estimators (``BaseEstimator``): ``__init__`` only stores
+the hyper-parameters, so ``get_params`` / ``set_params`` and
+``sklearn.base.clone`` work; ``fit`` returns self and sets the learned state, in
+attributes ending in ``_``. ``to_dict`` / ``from_dict`` are the bundle's
+(JSON) form of a fitted one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator
 
 from worldmodel.features import Tables
 
@@ -32,8 +36,11 @@ def _check_fitted(est: Any, attr: str) -> None:
         raise RuntimeError(f"{type(est).__name__} is not fitted yet; call fit first")
 
 
-class InjectionDetector:
+class InjectionDetector(BaseEstimator):
     """score(observation) = max over its pieces of w·e(piece) + b."""
+
+    coef_: np.ndarray
+    intercept_: float
 
     def __init__(self, l2: float = 1e-3, epochs: int = 300, lr: float = 0.05, seed: int = 0):
         self.l2 = l2
@@ -104,11 +111,19 @@ def relational_features(tables: Tables, detector: InjectionDetector) -> np.ndarr
     return np.column_stack([tables.rel, inj_obs, inj_hist, np.maximum(inj_obs, inj_hist)])
 
 
-@dataclass
-class RelationalHarm:
-    """Standardise + logistic regression on ``relational_features``."""
+class RelationalHarm(BaseEstimator):
+    """Standardise + logistic regression on ``relational_features``.
 
-    C: float = 1.0
+    ``C``: the inverse L2 strength of the (class-balanced) logistic regression.
+    """
+
+    mean_: np.ndarray
+    scale_: np.ndarray
+    coef_: np.ndarray
+    intercept_: float
+
+    def __init__(self, C: float = 1.0) -> None:
+        self.C = C
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> RelationalHarm:
         from sklearn.linear_model import LogisticRegression
