@@ -157,3 +157,22 @@ def test_a_policy_file_overrides_only_what_it_names(tmp_path: Path) -> None:
     assert cfg.model("probes") == "/x/probe"
     assert "wm_harm_pre" in cfg.gate_signals(0)
     assert cfg.gate_signals(1)[-1] == "probe_harm"
+
+
+def test_stacked_combiner_follows_the_sklearn_estimator_contract() -> None:
+    from sklearn.base import clone
+
+    rows, y = _synthetic(800, np.random.default_rng(3))
+    X = signal_matrix(rows, NAMES)
+    est = StackedCombiner(C=0.5, class_weight=None)
+    assert est.get_params() == {"C": 0.5, "class_weight": None}
+    fitted = est.fit(X, y)
+    assert fitted is est
+    twin = clone(est)
+    assert not hasattr(twin, "coef_") and twin.get_params() == est.get_params()
+    np.testing.assert_allclose(twin.fit(X, y).predict_proba(X), est.predict_proba(X))
+    assert set(np.unique(est.predict(X))) <= {0, 1}
+    assert est.score(X, y) > 0.7  # ClassifierMixin: accuracy
+    # a saved combiner loads into the same decisions
+    back = StackedCombiner.from_dict(est.to_dict())
+    np.testing.assert_allclose(back.predict_proba(X), est.predict_proba(X))

@@ -1,0 +1,118 @@
+"""Signals are one contract: scorers declare them, the default policy is derived from them,
+a policy naming an unknown signal fails in one sentence, and the L0 gate reads RL-health flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from monitor.scorers import (
+    TIER_SCORERS,
+    RLHealthSignals,
+    RuleSignals,
+    default_signals,
+    tier_signals,
+)
+from monitor.screening import ScreenStep
+from monitor.tiers import (
+    CalibratedPolicy,
+    Gate,
+    PolicyError,
+    default_policy_config,
+    fit_gate,
+    load_policy_config,
+)
+from streams.records import Action, Observation, Step
+
+
+def _step(source: str = "rollout", meta: dict | None = None, **extra: object) -> ScreenStep:
+    step = Step.model_validate({"step_id": "s1", "index": 0,
+                                "observation": Observation(text="the repository"),
+                                "action": Action(text="rm -rf build"), **extra})
+    return ScreenStep(trajectory_id="t", task="clean up", step=step, source=source,  # type: ignore[arg-type]
+                      meta=meta or {})
+
+
+def test_the_default_policy_names_exactly_what_the_scorers_produce() -> None:
+    cfg = default_policy_config()
+    assert tuple(t.signals for t in cfg.tiers) == default_signals()
+    every = [s for tier in default_signals() for s in tier]
+    assert len(every) == len(set(every)), "a signal is declared by two scorers"
+    for k, classes in enumerate(TIER_SCORERS):
+        for cls in classes:
+            declared = getattr(cls, "SIGNALS", None) or cls.signals
+            assert set(declared) <= set(tier_signals(k))
+    assert {"rl_timed_out", "rl_out_of_trust_share"} <= set(cfg.tiers[0].signals)
+
+
+def test_a_scorer_produces_only_what_it_declares() -> None:
+    steps = [_step(meta={"timed_out": True}, output_logprobs=[-1.0, -0.1],
+                   trainer_logprobs=[-0.1, -0.1]), _step("deployment")]
+    for scorer in (RuleSignals(), RLHealthSignals()):
+        for row in scorer.score_steps(steps):
+            assert set(row) <= set(scorer.signals)
+            assert all(0.0 <= v <= 1.0 for v in row.values())
+
+
+def test_a_mistyped_signal_fails_in_one_sentence_naming_it_and_the_known_ones(
+    tmp_path: Path,
+) -> None:
+    p = tmp_path / "policy.yaml"
+    p.write_text("tiers:\n  L0:\n    signals: [wm_harm_pre, wm_harm_psot]\n")
+    with pytest.raises(PolicyError) as e:
+        load_policy_config(p)
+    msg = str(e.value)
+    assert "'wm_harm_psot'" in msg and "wm_harm_post" in msg and str(p) in msg
+    assert "\n" not in msg
+    p.write_text("tiers:\n  L0:\n    signals: [wm_harm_pre, probe_harm]\n")
+    with pytest.raises(PolicyError, match=r"'probe_harm'.*it is an L1 signal"):
+        load_policy_config(p)
+
+
+def test_a_calibrated_policy_naming_an_unknown_signal_does_not_load(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    names = ("wm_harm_pre",)
+    rows = [{"wm_harm_pre": float(v)} for v in rng.random(200)]
+    y = np.array([int(r["wm_harm_pre"] > 0.7) for r in rows])
+    comb = fit_gate(0, names, 0.2, rows, y)
+    gates = tuple(Gate(k, names, 0.2, comb, 0.5) for k in range(3))
+    d = CalibratedPolicy(default_policy_config(), gates, 0.9).to_dict()  # type: ignore[arg-type]
+    d["config"]["tiers"]["L0"]["signals"] = ["wm_harm_pre", "rule_nonexistent"]
+    with pytest.raises(PolicyError, match="'rule_nonexistent'"):
+        CalibratedPolicy.from_dict(d)
+
+
+def test_rl_health_flags_of_rollout_steps() -> None:
+    # |exp(-0.1 - -1.0) - 1| = 1.46 > 0.8: out of the trust region; the second token is not
+    got = RLHealthSignals().score_step(_step(meta={"timed_out": True},
+                                             output_logprobs=[-1.0, -0.1],
+                                             trainer_logprobs=[-0.1, -0.1]))
+    assert got == {"rl_timed_out": 1.0, "rl_out_of_trust_share": 0.5}
+    assert RLHealthSignals().score_step(_step(meta={"timed_out": False})) == {"rl_timed_out": 0.0}
+    assert RLHealthSignals().score_step(_step("deployment", meta={"timed_out": True})) == {}
+    # mismatched or missing log-probs give no drift signal rather than a wrong one
+    assert RLHealthSignals().score_step(_step(output_logprobs=[-1.0],
+                                              trainer_logprobs=[-1.0, -2.0])) == {}
+
+
+def test_the_l0_gate_reads_rl_health_flags_when_its_training_data_has_them() -> None:
+    rng = np.random.default_rng(1)
+    names = default_policy_config().gate_signals(0)
+    rows, y = [], []
+    for _ in range(600):
+        bad = int(rng.random() < 0.3)
+        timed_out = float(rng.random() < (0.8 if bad else 0.05))
+        rows.append({"wm_harm_pre": float(rng.random()), "rl_timed_out": timed_out})
+        y.append(bad)
+    gate = Gate(0, names, 0.2, fit_gate(0, names, 0.2, rows, np.array(y)), 0.5)
+    w = dict(zip(names, gate.combiner.coef_, strict=True))
+    assert w["rl_timed_out"] > 0.5
+    lo, hi = gate.probability([{"wm_harm_pre": 0.5, "rl_timed_out": 0.0},
+                               {"wm_harm_pre": 0.5, "rl_timed_out": 1.0}])
+    assert hi > lo + 0.2
+    # without any RL data the flag column is constant: its weight stays zero
+    plain = [{"wm_harm_pre": r["wm_harm_pre"]} for r in rows]
+    g0 = fit_gate(0, names, 0.2, plain, np.array(y))
+    assert dict(zip(names, g0.coef_, strict=True))["rl_timed_out"] == 0.0
