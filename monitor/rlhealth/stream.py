@@ -378,7 +378,9 @@ class RLHealthMonitor:
 
 
 def score_for(ex: ExecutionSignals) -> Score:
-    """The execution's L0 record: the ``rl_*`` signals a tier policy can name."""
+    """The execution's RL-health record: its ``rl_*`` aggregates, and as ``score`` the larger
+    of the two per-step L0 flags over the whole execution (:mod:`monitor.scorers.rlhealth`):
+    1 if it timed out, else the token-weighted share of tokens out of the trust region."""
     signals: dict[str, float] = {
         "rl_duration_s": ex.duration_s,
         "rl_timed_out": float(ex.timed_out),
@@ -402,7 +404,7 @@ def score_for(ex: ExecutionSignals) -> Score:
         trajectory_id=ex.execution_id,
         step_id="rlhealth",
         tier=0,
-        score=0.0,
+        score=max(signals["rl_timed_out"], signals.get("rl_out_of_trust_share", 0.0)),
         signals=signals,
         source="rollout",
         created_at=time.time(),

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from dashboards.canary import CANARY_KEY, is_canary
 from streams.records import Action, Trajectory
 
 Severity = Literal["critical", "error", "warning", "info"]
@@ -154,9 +155,9 @@ class CaseDetails(Schema):
         t = self.trajectory
         if t is None:
             return self
-        if isinstance(t.meta.get("vigil_canary"), dict):
+        if is_canary(t.meta):
             raise ValueError(
-                "the trajectory is a canary (meta.vigil_canary): canaries measure recall and "
+                f"the trajectory is a canary (meta.{CANARY_KEY}): canaries measure recall and "
                 "are never paged to a human"
             )
         if self.trajectory_id is None:

@@ -50,7 +50,7 @@ def test_rlhealth_command_streams_tito_topics_to_scores_metrics_and_deadletters(
 
     env = {**os.environ, **{f"VIGIL_TOPIC_{k.upper()}": v for k, v in topics.model_dump().items()}}
     cmd = [
-        sys.executable, "-m", "monitor.rlhealth_cli",
+        sys.executable, "-m", "monitor.cli", "rlhealth",
         "--bootstrap-servers", kafka_settings.bootstrap_servers or "",
         "--group", f"{unique}.rl", "--metrics-port", "0", "--idle-timeout", "4",
         "--grace", "0.2", "--close-after", "1.0", "--phi", "1", "--mu", "2",
@@ -109,6 +109,11 @@ def test_rlhealth_command_streams_tito_topics_to_scores_metrics_and_deadletters(
     assert all(
         "rl_staleness" in s.signals and "rl_drift_abs_nats_max" in s.signals for s in per_exec
     )
+    # the score is the execution's L0 flag level: 1 when it timed out, else its drift share
+    for s in per_exec:
+        want = 1.0 if s.signals["rl_timed_out"] else s.signals["rl_out_of_trust_share"]
+        assert s.score == want
+    assert any(0 < s.score < 1 for s in per_exec)  # the collapse drifts tokens out of trust
     alerts = [s for s in scores if s.step_id == "alert"]
     assert any(s.flagged and "rl_alert_drift" in s.signals for s in alerts)
 
