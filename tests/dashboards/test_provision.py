@@ -18,7 +18,7 @@ import yaml
 from dashboards import boards
 from dashboards.provision import GrafanaError, export_dashboards, push_dashboards
 from dashboards.typecheck import SCHEMA_DIR, DashboardTypeError, typecheck_dashboards
-from monitor.cli import main as monitor_main
+from monitor.cli.main import main as monitor_main
 
 UIDS = ["vigil-overview", "vigil-recall", "vigil-rl-health"]
 
