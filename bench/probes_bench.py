@@ -35,14 +35,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from monitor.probes_cli import _layers, default_data  # noqa: E402
+from monitor.cli.probes import _layers  # noqa: E402
 from probes.bundle import ProbeScorer  # noqa: E402
 from probes.capture import ExtractStats, Template, extract  # noqa: E402
 from probes.models import load_probe_model  # noqa: E402
 from probes.pipeline import evaluate_bundle, load_steps, train_probe  # noqa: E402
 from probes.plots import plot_sweep  # noqa: E402
 from probes.sweep import auroc  # noqa: E402
-from vigil.paths import probe_cache  # noqa: E402
+from vigil.paths import dataset, probe_cache  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -180,7 +180,7 @@ def latency(scorer: ProbeScorer, data: str, n: int = 32) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=str(default_data()))
+    ap.add_argument("--data", default=str(dataset("agentdojo")))
     ap.add_argument("--layers", default="1-18")
     ap.add_argument("--train-limit", type=int, default=1200)
     ap.add_argument("--slack-limit", type=int, default=1500)
