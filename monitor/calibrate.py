@@ -31,7 +31,7 @@ from monitor.tiers import (
 from streams.records import Action, Observation, Step
 
 if TYPE_CHECKING:
-    from worldmodel.data import Transition
+    from worldmodel.datasets.format import Transition
 
     from monitor.reviewer import Reviewer
 
@@ -91,7 +91,7 @@ def load_split(
     datasets: Sequence[str | Path], split: str, *, limit: int | None = None, seed: int = 0
 ) -> LabelledSplit:
     """The steps and labels of ``split`` over ``datasets`` (a seeded, stratified subsample)."""
-    from worldmodel.data import read_manifest, read_transitions
+    from worldmodel.datasets.format import read_manifest, read_transitions
 
     if split.startswith("test"):
         raise ValueError(f"split {split!r} is held out: calibration never reads it")

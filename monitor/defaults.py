@@ -78,7 +78,7 @@ def prepare_defaults(
         f"{paths['policy'].parent.parent} (once; {'a few' if small else 'about ten'} minutes)"
     )
     if not (paths["agentdojo"] / "manifest.json").exists():
-        from worldmodel.agentdojo_data import build_agentdojo
+        from worldmodel.datasets.agentdojo.build import build_agentdojo
 
         log(f"vigil: building AgentDojo transitions -> {paths['agentdojo']} (~2 min)")
         build_agentdojo(paths["agentdojo"])
@@ -162,7 +162,7 @@ def ensure_default_canaries(log: Log = _stderr) -> Path:
     if not path.exists():
         src = vigil.paths.dataset("agentdojo")
         if not (src / "manifest.json").exists():
-            from worldmodel.agentdojo_data import build_agentdojo
+            from worldmodel.datasets.agentdojo.build import build_agentdojo
 
             log(f"vigil: building AgentDojo transitions -> {src} (~2 min)")
             build_agentdojo(src)

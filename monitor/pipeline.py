@@ -234,14 +234,6 @@ def _last_result(trajectory: Trajectory) -> Observation:
     return Observation(text=trajectory.task)
 
 
-def _last_result(trajectory: Trajectory) -> Observation:
-    """What the agent sees before its next action: the previous step's result."""
-    if trajectory.steps:
-        last = trajectory.steps[-1]
-        return last.result or last.observation
-    return Observation(text=trajectory.task)
-
-
 # --- loading ----------------------------------------------------------------------------
 
 

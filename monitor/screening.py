@@ -56,7 +56,7 @@ class ScreenStep:
 
     def to_worldmodel(self) -> StepInput:
         """The world model's view: the same fields ``worldmodel.features.step_input`` reads."""
-        from worldmodel.data import View
+        from worldmodel.datasets.format import View
         from worldmodel.features import StepInput
 
         s = self.step

@@ -243,7 +243,7 @@ class WorldModelCritic:
 
     def values_many(self, trajectories: Sequence[Sequence[TurnInput]]) -> list[list[ArrayLike]]:
         """The values of several trajectories' turns with one batched call of the world model."""
-        from worldmodel.data import View
+        from worldmodel.datasets.format import View
         from worldmodel.features import StepInput
 
         steps: list[StepInput] = []
