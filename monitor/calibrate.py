@@ -31,9 +31,8 @@ from monitor.tiers import (
 from streams.records import Action, Observation, Step
 
 if TYPE_CHECKING:
-    from worldmodel.datasets.format import Transition
-
     from monitor.reviewer import Reviewer
+    from worldmodel.datasets.format import Transition
 
 Log = Callable[[str], None]
 

@@ -82,7 +82,8 @@ class ProbeStep:
 
     @classmethod
     def from_transition(cls, t: Any) -> ProbeStep:
-        """From a ``worldmodel.datasets.format.Transition``; attached activations come from ``meta``.
+        """From a ``worldmodel.datasets.format.Transition``; attached activations come from
+        ``meta``.
 
         ``t.meta["activations"] = {"model_id": ..., "pooling": ..., "layers": {"6": [...]}}``.
         """

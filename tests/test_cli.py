@@ -41,8 +41,9 @@ def test_help_lists_subcommands_with_examples_and_imports_nothing_heavy() -> Non
         [
             sys.executable,
             "-c",
-            "import sys, monitor.cli; "
-            "print(sorted(m for m in ('kafka', 'torch', 'pydantic') if m in sys.modules))",
+            "import sys; from monitor.cli.main import build_parser; build_parser(); "
+            "print(sorted(m for m in ('kafka', 'torch', 'transformers', 'numpy', 'pydantic') "
+            "if m in sys.modules))",
         ],
         capture_output=True,
         text=True,

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from monitor.rlhealth_cli import main
+from monitor.cli.main import main as monitor_main
+
+
+def main(argv: list[str]) -> int:
+    """``monitor rlhealth ARGV``, in process."""
+    return monitor_main(["rlhealth", *argv])
 
 
 def test_simulate_then_report_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

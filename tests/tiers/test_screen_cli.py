@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.cli import main
+from monitor.cli.main import main
 
 
 def _sample(small_agentdojo: Path, out: Path, n: int = 6) -> list[dict]:

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import vigil.paths
+
 if TYPE_CHECKING:
     from monitor.pipeline import Screener, StepVerdict
     from streams.records import Trajectory
@@ -89,6 +91,7 @@ def screen_file(
 
 
 def cmd_screen(args: argparse.Namespace) -> int:
+    """``monitor screen``: every trajectory of a file through the tiers, one line each."""
     from monitor.pipeline import load_screener
     from streams.records import Trajectory, read_jsonl
 
@@ -127,20 +130,22 @@ def cmd_screen(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from monitor.defaults import FULL, SMALL, calibrate_default, default_paths, prepare_defaults
+    """``monitor calibrate``: fit the tier policy (``--defaults``: build what is missing first)."""
+    from monitor.defaults import FULL, SMALL, calibrate_default, prepare_defaults
     from monitor.tiers import load_policy_config
 
     config = load_policy_config(args.config)
-    paths = default_paths()
     if args.defaults:
         prepare_defaults(small=args.small, config=config)
         return 0
     models = {
-        "worldmodel": str(args.worldmodel or config.model("worldmodel") or paths["worldmodel"]),
-        "probes": str(args.probes or config.model("probes") or paths["probes"]),
+        "worldmodel": str(
+            args.worldmodel or config.model("worldmodel") or vigil.paths.worldmodel_bundle()
+        ),
+        "probes": str(args.probes or config.model("probes") or vigil.paths.probes_bundle()),
     }
-    data = args.data or [str(paths["agentdojo"])]
-    out = Path(args.out) if args.out else paths["policy"]
+    data = args.data or [str(vigil.paths.dataset("agentdojo"))]
+    out = Path(args.out) if args.out else vigil.paths.policy()
     calibrate_default(
         config,
         data,
@@ -154,6 +159,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
+    """Add ``screen`` and ``calibrate`` to the ``monitor`` command line."""
     p = sub.add_parser(
         "screen",
         help="screen a JSON Lines file of trajectories offline (all tiers but the human)",

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from monitor.cli.common import CliError
+
 EPILOG = textwrap.dedent(
     """\
     sources (one of):
@@ -35,10 +37,6 @@ EPILOG = textwrap.dedent(
 )
 
 
-class ReportCliError(ValueError):
-    """A user-facing failure: one sentence (the ``monitor`` CLI prints it and exits 2)."""
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from dashboards.report import (
         ReportError,
@@ -53,9 +51,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not args.prometheus and not args.screened and os.environ.get("VIGIL_PROMETHEUS_URL"):
         args.prometheus = os.environ["VIGIL_PROMETHEUS_URL"]
     if args.prometheus and (args.screened or args.labels):
-        raise ReportCliError("pass either --prometheus or --screened with --labels, not both")
+        raise CliError("pass either --prometheus or --screened with --labels, not both")
     if not args.prometheus and not args.screened:
-        raise ReportCliError("nothing to report on: pass --prometheus URL, or --screened "
+        raise CliError("nothing to report on: pass --prometheus URL, or --screened "
                              "FILE with --labels FILE")
     series = None
     try:
@@ -73,16 +71,16 @@ def cmd_report(args: argparse.Namespace) -> int:
                     step = max(1.0, round(since / 120))
                     series = recall_over_time(client, now - since, now, step, args.window)
             except PrometheusError as e:
-                raise ReportCliError(str(e)) from None
+                raise CliError(str(e)) from None
         else:
             if not args.labels:
-                raise ReportCliError("--screened needs at least one --labels file (the "
+                raise CliError("--screened needs at least one --labels file (the "
                                      "screened trajectories, or label records)")
             if args.since:
-                raise ReportCliError("--since needs --prometheus (files have no time axis)")
+                raise CliError("--since needs --prometheus (files have no time axis)")
             table = recall_from_files(Path(args.screened), [Path(p) for p in args.labels])
     except ReportError as e:
-        raise ReportCliError(str(e)) from None
+        raise CliError(str(e)) from None
     paths = render_report(table, Path(args.out), series)
     print(format_table(table))
     print()
@@ -92,6 +90,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
+    """Add ``report`` to the ``monitor`` command line."""
     p = sub.add_parser(
         "report",
         help="recall and funnel plots (PNG) from the metrics or from label files",

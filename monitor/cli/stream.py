@@ -8,6 +8,8 @@ import sys
 import textwrap
 from typing import Any
 
+from monitor.cli.common import CliError, add_bootstrap_servers, check_reachable, kafka_settings
+
 EPILOG = textwrap.dedent(
     """\
     roles (each a consumer group; run more processes with the same --group to scale out):
@@ -47,35 +49,27 @@ EPILOG = textwrap.dedent(
 )
 
 
-class StreamCliError(ValueError):
-    """A user-facing failure: one sentence (the ``monitor`` CLI prints it and exits 2)."""
-
-
 def cmd_stream(args: argparse.Namespace) -> int:
+    """``monitor stream``: check the options and the broker, load the models, run the worker."""
     import signal
     import threading
-
-    from monitor import cli
 
     roles = ("reassemble", "screen", "review", "recall") if args.role == "all" else (args.role,)
     paging_url = args.paging_url or os.environ.get("VIGIL_PAGING_URL")
     paging_token = args.paging_token or os.environ.get("VIGIL_PAGING_TOKEN")
     if paging_url and not paging_token:
-        raise StreamCliError(
+        raise CliError(
             "--paging-url needs a producer token: pass --paging-token or set VIGIL_PAGING_TOKEN "
             "(make one with `monitor paging token create --role producer --name worker`)"
         )
     if args.batch_size < 1:
-        raise StreamCliError(f"--batch-size must be at least 1, got {args.batch_size}")
+        raise CliError(f"--batch-size must be at least 1, got {args.batch_size}")
     if not 0.0 <= args.canary_rate <= 1.0:
-        raise StreamCliError(f"--canary-rate must be in [0, 1], got {args.canary_rate}")
+        raise CliError(f"--canary-rate must be in [0, 1], got {args.canary_rate}")
     if args.canary_rate > 0 and "screen" not in roles:
-        raise StreamCliError("--canary-rate needs the screen stage (--role screen or all)")
-    try:
-        settings = cli._kafka_settings(args)
-        cli._check_reachable(settings)
-    except cli.CliError as e:  # one sentence, however the CLI was started
-        raise StreamCliError(str(e)) from None
+        raise CliError("--canary-rate needs the screen stage (--role screen or all)")
+    settings = kafka_settings(args)
+    check_reachable(settings)
 
     from monitor.pipeline import load_screener
     from monitor.worker import PagingClient, Worker, WorkerConfig, load_review_screener
@@ -109,14 +103,14 @@ def cmd_stream(args: argparse.Namespace) -> int:
         report(f"vigil stream: injecting canaries at {args.canary_rate:g} per step "
                f"({len(canaries.canaries)} in {path})")
     if args.execution_timeout <= 0:
-        raise StreamCliError(f"--execution-timeout must be positive, got {args.execution_timeout}")
+        raise CliError(f"--execution-timeout must be positive, got {args.execution_timeout}")
     metrics = registry = None
     if args.metrics_port is None and os.environ.get("VIGIL_METRICS_PORT"):
         try:
             args.metrics_port = int(os.environ["VIGIL_METRICS_PORT"])
         except ValueError:
             got = os.environ["VIGIL_METRICS_PORT"]
-            raise StreamCliError(f"VIGIL_METRICS_PORT must be a port number, got {got!r}") from None
+            raise CliError(f"VIGIL_METRICS_PORT must be a port number, got {got!r}") from None
     if args.metrics_port is not None:
         from prometheus_client import CollectorRegistry
 
@@ -158,7 +152,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         try:
             serve_metrics(registry, args.metrics_host, args.metrics_port, health=worker.health)
         except OSError as e:
-            raise StreamCliError(
+            raise CliError(
                 f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e}"
             ) from None
         base = f"http://{args.metrics_host}:{args.metrics_port}"
@@ -167,6 +161,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
+    """Add ``stream`` to the ``monitor`` command line."""
     p = sub.add_parser(
         "stream",
         help="run the streaming worker: screen every step, review escalations, page",
@@ -192,8 +187,7 @@ def add_parser(sub: Any) -> None:
                    "(default: vigil)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="records per micro-batch (default 64)")
-    p.add_argument("--bootstrap-servers", metavar="HOST:PORT",
-                   help="Kafka bootstrap servers (default: $VIGIL_KAFKA_BOOTSTRAP_SERVERS)")
+    add_bootstrap_servers(p)
     p.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="stop once every stage has had no input for this long (default: run "
                    "until SIGTERM)")

@@ -10,6 +10,8 @@ from functools import wraps
 from pathlib import Path
 from typing import Any
 
+import vigil.paths
+
 
 def _one_sentence(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """An unreachable or refusing embeddings endpoint ends the command with its one sentence."""
@@ -24,18 +26,6 @@ def _one_sentence(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
             raise ValueError(str(e)) from None
 
     return run
-
-
-def default_bundle() -> Path:
-    from streams.config import vigil_home
-
-    return vigil_home() / "models" / "probes"
-
-
-def default_data() -> Path:
-    from streams.config import vigil_home
-
-    return vigil_home() / "data" / "agentdojo"
 
 
 def _layers(spec: str | None, num_layers: int) -> list[int]:
@@ -91,11 +81,11 @@ def _template(args: argparse.Namespace) -> Any:
 
 @_one_sentence
 def cmd_extract(args: argparse.Namespace) -> int:
-    from probes.capture import ExtractStats, default_cache_dir, extract
+    from probes.capture import ExtractStats, extract
     from probes.pipeline import load_steps
 
     pm = _source(args)
-    data = args.data or str(default_data())
+    data = args.data or str(vigil.paths.dataset("agentdojo"))
     stats = ExtractStats()
     for split in args.splits:
         ls = load_steps(data, [split], limit=args.limit)
@@ -104,24 +94,23 @@ def cmd_extract(args: argparse.Namespace) -> int:
             ls.steps,
             _source_layers(args.layers, pm),
             template=_template(args),
-            cache_dir=args.cache or default_cache_dir(),
+            cache_dir=args.cache or vigil.paths.probe_cache(),
             batch_size=args.batch_size,
             stats=stats,
         )
     print(
         f"{stats.steps} steps, {stats.computed} computed ({stats.steps_per_s:.1f} steps/s), "
-        f"the rest from the cache {args.cache or default_cache_dir()}"
+        f"the rest from the cache {args.cache or vigil.paths.probe_cache()}"
     )
     return 0
 
 
 @_one_sentence
 def cmd_train(args: argparse.Namespace) -> int:
-    from probes.capture import default_cache_dir
     from probes.pipeline import train_probe
     from probes.plots import plot_sweep
 
-    out = Path(args.out) if args.out else default_bundle()
+    out = Path(args.out) if args.out else vigil.paths.probes_bundle()
     if args.from_records:
         if args.model_path or args.endpoint:
             raise ValueError("--from-records reads the records' activations: no model to give")
@@ -131,11 +120,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         layers = _source_layers(args.layers, pm)
     info, result = train_probe(
         pm,
-        args.data or default_data(),
+        args.data or vigil.paths.dataset("agentdojo"),
         out,
         layers=layers,
         template=_template(args),
-        cache_dir=args.cache or default_cache_dir(),
+        cache_dir=args.cache or vigil.paths.probe_cache(),
         target_fpr=args.fpr,
         batch_size=args.batch_size,
     )
@@ -147,22 +136,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 @_one_sentence
 def cmd_eval(args: argparse.Namespace) -> int:
     from probes.bundle import ProbeScorer
-    from probes.capture import default_cache_dir
     from probes.pipeline import evaluate_bundle
 
     scorer = ProbeScorer.load(
-        args.model or default_bundle(),
+        args.model or vigil.paths.probes_bundle(),
         model_path=args.model_path,
         endpoint=args.endpoint,
         api_key_env=args.api_key_env,
-        cache_dir=args.cache or default_cache_dir(),
+        cache_dir=args.cache or vigil.paths.probe_cache(),
         batch_size=args.batch_size,
     )
-    data = args.data or default_data()
+    data = args.data or vigil.paths.dataset("agentdojo")
     if args.splits:
         splits = args.splits
     else:
-        from worldmodel.data import read_manifest
+        from worldmodel.datasets.format import read_manifest
 
         splits = read_manifest(data).held_out_splits
     result = evaluate_bundle(scorer, data, splits, limit=args.limit)
@@ -232,6 +220,7 @@ def _common(p: argparse.ArgumentParser, *, model: bool = True) -> None:
 
 
 def add_parser(sub: Any) -> None:
+    """Add ``probes`` (extract, train, eval, serve-embeddings) to the ``monitor`` command line."""
     p = sub.add_parser(
         "probes",
         help="capture activations, train and evaluate the L1 linear probes",

@@ -7,6 +7,8 @@ import os
 import textwrap
 from typing import Any
 
+from monitor.cli.common import CliError
+
 EPILOG = textwrap.dedent(
     """\
     dashboards (uids): vigil-overview, vigil-recall, vigil-rl-health; all query the
@@ -26,10 +28,6 @@ EPILOG = textwrap.dedent(
 )
 
 
-class DashboardsCliError(ValueError):
-    """A user-facing failure: one sentence (the ``monitor`` CLI prints it and exits 2)."""
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -39,7 +37,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         written = export_dashboards(Path(args.out), args.prometheus_url,
                                     dashboards_path=args.dashboards_path, folder=args.folder)
     except OSError as e:
-        raise DashboardsCliError(f"cannot write to {args.out}: {e.strerror or e}") from None
+        raise CliError(f"cannot write to {args.out}: {e.strerror or e}") from None
     for path in written:
         print(path)
     provisioning = (Path(args.out) / "provisioning").resolve()
@@ -54,16 +52,16 @@ def cmd_push(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("GRAFANA_URL")
     token = args.token or os.environ.get("GRAFANA_TOKEN")
     if not url:
-        raise DashboardsCliError("no Grafana to push to: pass --url or set GRAFANA_URL")
+        raise CliError("no Grafana to push to: pass --url or set GRAFANA_URL")
     if not token:
-        raise DashboardsCliError(
+        raise CliError(
             "no Grafana token: pass --token or set GRAFANA_TOKEN (a service-account token "
             "with the Editor role; Admin to create the data source)")
     try:
         result = push_dashboards(url, token, prometheus_url=args.prometheus_url,
                                  folder=args.folder, timeout_s=args.timeout)
     except GrafanaError as e:
-        raise DashboardsCliError(str(e)) from None
+        raise CliError(str(e)) from None
     print(f"Grafana {result.grafana_version} at {result.grafana_url}")
     if result.datasource == "unchecked":
         print(f"data source {result.datasource_uid}: not checked (the token may not read data "
@@ -79,6 +77,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
+    """Add ``dashboards`` (export, push) to the ``monitor`` command line."""
     p = sub.add_parser(
         "dashboards",
         help="export the Grafana dashboards for provisioning, or push them to a Grafana",

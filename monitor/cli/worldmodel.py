@@ -8,29 +8,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def default_data(name: str) -> Path:
-    from streams.config import vigil_home
-
-    return vigil_home() / "data" / name
+import vigil.paths
 
 
-def default_bundle() -> Path:
-    from streams.config import vigil_home
-
-    return vigil_home() / "models" / "worldmodel"
-
-
-def default_datasets() -> list[str]:
+def _present_datasets() -> list[str]:
     """The datasets present under $VIGIL_HOME/data (agentdojo, miniwob)."""
-    dirs = [default_data(n) for n in ("agentdojo", "miniwob")]
+    dirs = [vigil.paths.dataset(n) for n in ("agentdojo", "miniwob")]
     return [str(d) for d in dirs if (d / "manifest.json").exists()]
 
 
 def cmd_build_data(args: argparse.Namespace) -> int:
-    out = Path(args.out) if args.out else default_data(args.source)
+    out = Path(args.out) if args.out else vigil.paths.dataset(args.source)
     if args.source == "agentdojo":
-        from worldmodel.agentdojo_data import build_agentdojo
+        from worldmodel.datasets.agentdojo.build import build_agentdojo
 
         m = build_agentdojo(
             out,
@@ -40,7 +30,7 @@ def cmd_build_data(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     else:
-        from worldmodel.miniwob_data import DEFAULT_EPISODES, build_miniwob
+        from worldmodel.datasets.miniwob.build import DEFAULT_EPISODES, build_miniwob
 
         episodes: Any = args.episodes if args.episodes is not None else DEFAULT_EPISODES
         m = build_miniwob(out, tasks=args.tasks, episodes_per_task=episodes, seed=args.seed)
@@ -55,11 +45,10 @@ def cmd_build_data(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from streams.config import vigil_home
     from worldmodel.model import JEPAConfig
     from worldmodel.train import TrainConfig, train
 
-    data = args.data or default_datasets()
+    data = args.data or _present_datasets()
     if not data:
         raise ValueError(
             "no datasets: pass --data DIR or build one with "
@@ -70,13 +59,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     cfg = TrainConfig(
         data=data,
-        out=str(args.out or default_bundle()),
+        out=str(args.out or vigil.paths.worldmodel_bundle()),
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
         max_minutes=args.max_minutes,
-        text_cache=str(vigil_home() / "cache" / "text"),
+        text_cache=str(vigil.paths.text_cache()),
         model=model,
     )
     train(cfg)
@@ -86,8 +75,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from worldmodel.evaluate import evaluate
 
-    data = args.data or default_datasets()
-    result = evaluate(args.model or default_bundle(), data, splits=args.splits)
+    data = args.data or _present_datasets()
+    result = evaluate(args.model or vigil.paths.worldmodel_bundle(), data, splits=args.splits)
     result.pop("_scores")
     text = json.dumps(result, indent=2, sort_keys=True)
     if args.out:
@@ -111,6 +100,7 @@ def _f(x: float | None) -> str:
 
 
 def add_parser(sub: Any) -> None:
+    """Add ``worldmodel`` (build-data, train, eval) to the ``monitor`` command line."""
     p = sub.add_parser(
         "worldmodel",
         help="build transition data, train and evaluate the L0 world model",

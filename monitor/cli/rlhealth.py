@@ -1,17 +1,13 @@
-"""`monitor rlhealth`: RL rollout health from the TITO topics, or offline from a file.
-
-The lead wires it into ``monitor.cli`` with ``add_parser(subparsers)``; until
-then it also runs as ``python -m monitor.rlhealth_cli``.
-"""
+"""`monitor rlhealth`: RL rollout health from the TITO topics, or offline from a file."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import textwrap
-from collections.abc import Sequence
 from typing import Any
+
+from monitor.cli.common import add_bootstrap_servers, check_reachable, kafka_settings
 
 EPILOG = textwrap.dedent(
     """\
@@ -31,6 +27,7 @@ EPILOG = textwrap.dedent(
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``rlhealth`` to the ``monitor`` command line."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "rlhealth",
         help="RL rollout health: staleness, execution shape, drift, mismatch, reward integrity",
@@ -45,11 +42,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument(
         "--simulate", metavar="OUT.jsonl", help="write a synthetic RL run with a collapse"
     )
-    p.add_argument(
-        "--bootstrap-servers",
-        metavar="HOST:PORT",
-        help="Kafka bootstrap servers (default: $VIGIL_KAFKA_BOOTSTRAP_SERVERS)",
-    )
+    add_bootstrap_servers(p)
     p.add_argument("--group", default="vigil-rlhealth", help="consumer group (default %(default)s)")
     p.add_argument(
         "--metrics-port",
@@ -165,6 +158,7 @@ def _emit(report: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def cmd_rlhealth(args: argparse.Namespace) -> int:
+    """``monitor rlhealth``: simulate a run, report on a file, or stream from the topics."""
     if args.simulate:
         from monitor.rlhealth.simulate import simulate_rl_run
         from streams.records import write_jsonl
@@ -198,14 +192,13 @@ def _stream(args: argparse.Namespace) -> int:
 
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from monitor.cli import _check_reachable, _kafka_settings
     from monitor.rlhealth.metrics import RLHealthMetrics
     from monitor.rlhealth.stream import RLHealthMonitor, rlhealth_processor
     from streams.config import Topics
     from streams.kafka import KafkaBus
 
-    settings = _kafka_settings(args)
-    _check_reachable(settings)
+    settings = kafka_settings(args)
+    check_reachable(settings)
     config = _config(args, stream=True)
     registry = CollectorRegistry()
     monitor = RLHealthMonitor(config, RLHealthMetrics(registry))
@@ -249,26 +242,3 @@ def _stream(args: argparse.Namespace) -> int:
     )
     _emit(monitor.report(), args)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m monitor.rlhealth_cli``), with ``monitor``'s error style."""
-    import logging
-
-    from monitor.cli import CliError
-
-    parser = argparse.ArgumentParser(prog="monitor")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_parser(sub)
-    args = parser.parse_args(["rlhealth", *(sys.argv[1:] if argv is None else argv)])
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    try:
-        return int(args.fn(args))
-    except (CliError, FileNotFoundError, ValueError) as e:
-        print(f"monitor rlhealth: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
