@@ -48,7 +48,8 @@ STREAMS = ("rollout", "deployment", "benchmark")
 TIERS = (0, 1, 2, 3)
 ORIGINS = ("human", "dataset", "canary", "reviewer")
 # The harm categories of the AgentDojo builder
-# (``worldmodel.datasets.agentdojo.trajectories.category_of``) and "none" (an unlabelled category): the label groups made up front (``init_label_groups``).
+# (``worldmodel.datasets.agentdojo.trajectories.category_of``) and "none" (an unlabelled
+# category): the label groups made up front (``init_label_groups``).
 HARM_CATEGORIES = ("financial", "data_exfiltration", "prompt_injection", "none")
 
 # L0 is milliseconds a batch, L2 seconds to minutes: one bucket set covers both.
