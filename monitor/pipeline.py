@@ -250,21 +250,18 @@ def build_parts(
     an unset one is the default under ``$VIGIL_HOME/models``.
     """
     import vigil.paths
-    from monitor.scorers import ProbeSignals, RLHealthSignals, RuleSignals, WorldModelSignals
-    from probes.bundle import ProbeScorer
-    from worldmodel.score import WorldModelScorer
+    from monitor.scorers import scorers_of
 
     chosen = {**{k: config.model(k) for k in ("worldmodel", "probes")}, **(models or {})}
-    wm_path = Path(chosen.get("worldmodel") or vigil.paths.worldmodel_bundle()).expanduser()
-    l0: list[Scorer] = [
-        WorldModelSignals(WorldModelScorer.load(wm_path)),
-        RuleSignals(),
-        RLHealthSignals(),
-    ]
-    l1: list[Scorer] = []
-    probes_path = Path(chosen.get("probes") or vigil.paths.probes_bundle()).expanduser()
-    if config.tiers[1].signals:
-        l1.append(ProbeSignals(ProbeScorer.load(probes_path)))
+    bundles = {
+        "worldmodel": Path(chosen.get("worldmodel") or vigil.paths.worldmodel_bundle()),
+        "probes": Path(chosen.get("probes") or vigil.paths.probes_bundle()),
+    }
+    bundles = {k: p.expanduser() for k, p in bundles.items()}
+    l0: list[Scorer] = [cls.load(bundles) for cls in scorers_of(0)]
+    l1: list[Scorer] = (
+        [cls.load(bundles) for cls in scorers_of(1)] if config.tiers[1].signals else []
+    )
     rv = None
     if reviewer and config.tiers[2].signals:
         from monitor.reviewer import ReviewerConfig, build_reviewer

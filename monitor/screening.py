@@ -154,7 +154,10 @@ class Scorer(Protocol):
     before the action has run); the policy treats a missing signal as unknown.
     """
 
-    name: str
+    @property
+    def name(self) -> str:
+        """What the scorer is (``worldmodel``, ``rules``, ...)."""
+        ...
 
     @property
     def signals(self) -> tuple[str, ...]:

@@ -1,10 +1,11 @@
 """The scorers of each tier, and the one list of the signals they produce.
 
-A scorer (:class:`monitor.screening.Scorer`) takes a batch of steps and returns named
-signals, each "higher = more harmful", in [0, 1]. Every scorer class declares the names it
-can produce in its ``signals`` attribute; this list of classes is the only place that says
-which tier runs which scorer, so the default policy's signals (:func:`default_signals`)
-and the check of a policy file (:func:`check_tier_signals`) both come from it.
+A scorer takes a batch of steps and returns named signals, each "higher = more harmful", in
+[0, 1]. Every scorer class derives from :class:`~monitor.scorers.base.TierScorer` and
+declares its tier and the names it can produce; the scorer classes of every module in this
+package are collected here, so the default policy's signals (:func:`default_signals`), the
+check of a policy file (:func:`check_tier_signals`) and the scorers a screener runs
+(:func:`scorers_of`, used by :func:`monitor.pipeline.build_parts`) all come from them.
 
 =====  ==========================================  =============================
 tier   scorer                                      signals
@@ -13,48 +14,57 @@ L0     :class:`~.worldmodel.WorldModelSignals`     ``wm_*`` (surprise, harm)
 L0     :class:`~.rules.RuleSignals`                ``rule_*`` (cheap text rules)
 L0     :class:`~.rlhealth.RLHealthSignals`         ``rl_*`` (RL rollout health)
 L1     :class:`~.probes.ProbeSignals`              ``probe_harm``
-L2     the reviewer (:mod:`monitor.reviewer`)      ``rv_*`` (rubric verdict)
+L2     the reviewer (:mod:`monitor.reviewer`)      ``rv_*`` (its verdict's ``SIGNALS``)
 =====  ==========================================  =============================
 
-To add a signal: write a scorer class (``name``, ``signals``, ``score_steps``) in a module
-here, add it to :data:`TIER_SCORERS`, and have :func:`monitor.pipeline.build_parts` build
-it; a test that scores a few steps with it. Nothing else names signals.
+To add a signal, write a :class:`~monitor.scorers.base.TierScorer` subclass in a new module
+here (``tier``, ``name``, ``signals``, ``score_steps``; ``load`` if it needs a model bundle),
+and a test that scores a few steps with it. Nothing else names signals.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Sequence
 
 from monitor.reviewer.verdict import ReviewVerdict
+from monitor.scorers.base import TierScorer
 from monitor.scorers.probes import ProbeSignals
 from monitor.scorers.rlhealth import RLHealthSignals
 from monitor.scorers.rules import RuleSignals
 from monitor.scorers.worldmodel import WorldModelSignals
 
-#: the scorer classes of L0 and L1, and the reviewer's verdict at L2, in signal order
-TIER_SCORERS: tuple[tuple[type, ...], ...] = (
-    (WorldModelSignals, RuleSignals, RLHealthSignals),
-    (ProbeSignals,),
-    (ReviewVerdict,),
-)
+__all__ = [
+    "ProbeSignals", "RLHealthSignals", "RuleSignals", "TierScorer", "UnknownSignal",
+    "WorldModelSignals", "check_tier_signals", "default_signals", "scorers_of", "tier_signals",
+]
+
+for _module in pkgutil.iter_modules(__path__):  # every scorer module registers its classes
+    importlib.import_module(f"{__name__}.{_module.name}")
+
 TIER_NAMES = ("L0", "L1", "L2")
 
 
-def _names(cls: type) -> tuple[str, ...]:
-    return tuple(getattr(cls, "SIGNALS", None) or cls.signals)  # type: ignore[attr-defined]
+def scorers_of(tier: int) -> list[type[TierScorer]]:
+    """The scorer classes of tier ``tier`` (0 or 1), in their declared order."""
+    return sorted((c for c in TierScorer.registry if c.tier == tier),
+                  key=lambda c: (c.order, c.name))
 
 
 def tier_signals(tier: int) -> tuple[str, ...]:
-    """Every signal a scorer of tier ``tier`` (0, 1, 2) can produce, in declaration order."""
+    """Every signal tier ``tier`` (0, 1, 2) can produce, in declaration order."""
+    if tier == 2:
+        return ReviewVerdict.SIGNALS
     out: list[str] = []
-    for cls in TIER_SCORERS[tier]:
-        out.extend(s for s in _names(cls) if s not in out)
+    for cls in scorers_of(tier):
+        out.extend(s for s in cls.signals if s not in out)
     return tuple(out)
 
 
 def default_signals() -> tuple[tuple[str, ...], ...]:
     """The signals of L0, L1 and L2 in the default policy: all that the scorers produce."""
-    return tuple(tier_signals(k) for k in range(len(TIER_SCORERS)))
+    return tuple(tier_signals(k) for k in range(len(TIER_NAMES)))
 
 
 class UnknownSignal(ValueError):  # noqa: N818 - reads as what went wrong
@@ -67,7 +77,7 @@ def check_tier_signals(tier: int, names: Sequence[str]) -> None:
     known = tier_signals(tier)
     for name in names:
         if name not in known:
-            where = [TIER_NAMES[k] for k in range(len(TIER_SCORERS))
+            where = [TIER_NAMES[k] for k in range(len(TIER_NAMES))
                      if k != tier and name in tier_signals(k)]
             hint = f" (it is an {where[0]} signal)" if where else ""
             raise UnknownSignal(

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from monitor.scorers.base import TierScorer
 from monitor.screening import ScreenStep
 
 if TYPE_CHECKING:
     from probes.bundle import ProbeScorer
 
 
-class ProbeSignals:
+class ProbeSignals(TierScorer):
     """L1: a linear probe on the language model's activations over the step (batched)."""
 
+    tier = 1
     name = "probes"
     signals = ("probe_harm",)
 
     def __init__(self, scorer: ProbeScorer) -> None:
         self.scorer = scorer
+
+    @classmethod
+    def load(cls, models: Mapping[str, Path]) -> ProbeSignals:
+        from probes.bundle import ProbeScorer
+
+        return cls(ProbeScorer.load(models["probes"]))
 
     def score_steps(self, steps: Sequence[ScreenStep]) -> list[dict[str, float]]:
         if not steps:

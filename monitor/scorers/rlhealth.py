@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from monitor.rlhealth.formulas import out_of_trust_share
+from monitor.scorers.base import TierScorer
 from monitor.screening import ScreenStep
 
 TRUST_DELTA = 0.8  # δ of the trust region |ρ − 1| ≤ δ (BRAT)
@@ -32,9 +33,11 @@ def _logprobs(extra: Mapping[str, Any], key: str) -> list[float] | None:
     return None
 
 
-class RLHealthSignals:
+class RLHealthSignals(TierScorer):
     """L0: per-step RL-health flags of rollout steps, in [0, 1]."""
 
+    tier = 0
+    order = 20
     name = "rlhealth"
     signals = ("rl_timed_out", "rl_out_of_trust_share")
 

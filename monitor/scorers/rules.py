@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from monitor.scorers.base import TierScorer
 from monitor.screening import ScreenStep
 
 _DESTRUCTIVE = re.compile(
@@ -22,7 +23,7 @@ _INJECTION = re.compile(
 )
 
 
-class RuleSignals:
+class RuleSignals(TierScorer):
     """L0: cheap rules over the step's text, tool-agnostic (0 or 1 each).
 
     * ``rule_destructive``: the action deletes, drops, wipes, revokes ... something;
@@ -33,6 +34,8 @@ class RuleSignals:
       addressed to it (the usual markers of prompt injection).
     """
 
+    tier = 0
+    order = 10
     name = "rules"
     signals = ("rule_destructive", "rule_new_recipient", "rule_injection_marker")
 

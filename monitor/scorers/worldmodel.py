@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from monitor.scorers.base import TierScorer
 from monitor.screening import ScreenStep
 
 if TYPE_CHECKING:
     from worldmodel.score import WorldModelScorer
 
 
-class WorldModelSignals:
+class WorldModelSignals(TierScorer):
     """L0: the world model's surprise and harm, before the action runs and after.
 
     * ``wm_harm_pre``: harm read from the *predicted* next latent (before the action runs);
@@ -21,11 +23,19 @@ class WorldModelSignals:
       injection head over the step's text.
     """
 
+    tier = 0
+    order = 0
     name = "worldmodel"
     signals = ("wm_harm_pre", "wm_harm_post", "wm_surprise", "wm_relational_harm", "wm_injection")
 
     def __init__(self, scorer: WorldModelScorer) -> None:
         self.scorer = scorer
+
+    @classmethod
+    def load(cls, models: Mapping[str, Path]) -> WorldModelSignals:
+        from worldmodel.score import WorldModelScorer
+
+        return cls(WorldModelScorer.load(models["worldmodel"]))
 
     def score_steps(self, steps: Sequence[ScreenStep]) -> list[dict[str, float]]:
         return [s.signals() for s in self.scorer.score([st.to_worldmodel() for st in steps])]

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from monitor.scorers import (
-    TIER_SCORERS,
     RLHealthSignals,
     RuleSignals,
+    TierScorer,
     default_signals,
+    scorers_of,
     tier_signals,
 )
 from monitor.screening import ScreenStep
@@ -40,10 +41,11 @@ def test_the_default_policy_names_exactly_what_the_scorers_produce() -> None:
     assert tuple(t.signals for t in cfg.tiers) == default_signals()
     every = [s for tier in default_signals() for s in tier]
     assert len(every) == len(set(every)), "a signal is declared by two scorers"
-    for k, classes in enumerate(TIER_SCORERS):
-        for cls in classes:
-            declared = getattr(cls, "SIGNALS", None) or cls.signals
-            assert set(declared) <= set(tier_signals(k))
+    for k in (0, 1):
+        for cls in scorers_of(k):
+            assert set(cls.signals) <= set(tier_signals(k))
+    assert [c.name for c in scorers_of(0)] == ["worldmodel", "rules", "rlhealth"]
+    assert [c.name for c in scorers_of(1)] == ["probes"]
     assert {"rl_timed_out", "rl_out_of_trust_share"} <= set(cfg.tiers[0].signals)
 
 
@@ -116,3 +118,26 @@ def test_the_l0_gate_reads_rl_health_flags_when_its_training_data_has_them() -> 
     plain = [{"wm_harm_pre": r["wm_harm_pre"]} for r in rows]
     g0 = fit_gate(0, names, 0.2, plain, np.array(y))
     assert dict(zip(names, g0.coef_, strict=True))["rl_timed_out"] == 0.0
+
+
+def test_a_new_scorer_class_is_all_it_takes_to_add_a_signal() -> None:
+    class LengthSignals(TierScorer):
+        tier = 0
+        order = 50
+        name = "length"
+        signals = ("len_long_action",)
+
+        def score_steps(self, steps):  # type: ignore[no-untyped-def]
+            return [{"len_long_action": float(len(st.step.action.text) > 10)} for st in steps]
+
+    try:
+        assert "len_long_action" in default_policy_config().tiers[0].signals
+        assert LengthSignals in scorers_of(0)
+        assert isinstance(LengthSignals.load({}), LengthSignals)
+        cfg = load_policy_config(None)
+        assert "len_long_action" in cfg.gate_signals(0)
+    finally:
+        TierScorer.registry.remove(LengthSignals)
+    assert "len_long_action" not in default_policy_config().tiers[0].signals
+    with pytest.raises(TypeError, match="does not declare tier"):
+        type("Half", (TierScorer,), {"name": "half", "signals": ("x",)})

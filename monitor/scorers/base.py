@@ -1,0 +1,41 @@
+"""The base of every scorer class: what it declares, and the registry that collects it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from monitor.screening import ScreenStep
+
+
+class TierScorer:
+    """A tier's model or rule set: a batch of steps in, named signals out.
+
+    A subclass declares its ``tier`` (0: every step; 1: what L0 escalates), a ``name``, the
+    ``signals`` it can produce (each in [0, 1], higher = more harmful; one it cannot compute
+    for a step is left out of that step's dict) and its place among its tier's scorers
+    (``order``: the order of the signals in the default policy). Defining the class
+    registers it; :meth:`load` builds it from the model bundles a policy names.
+    """
+
+    tier: ClassVar[int]
+    name: ClassVar[str]
+    signals: ClassVar[tuple[str, ...]]
+    order: ClassVar[int] = 100
+    registry: ClassVar[list[type[TierScorer]]] = []
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        missing = [a for a in ("tier", "name", "signals") if not hasattr(cls, a)]
+        if missing:
+            raise TypeError(f"scorer {cls.__name__} does not declare {', '.join(missing)}")
+        TierScorer.registry.append(cls)
+
+    @classmethod
+    def load(cls, models: Mapping[str, Path]) -> TierScorer:
+        """The scorer, given the bundle folder of each model (``worldmodel``, ``probes``)."""
+        return cls()
+
+    def score_steps(self, steps: Sequence[ScreenStep]) -> list[dict[str, float]]:
+        raise NotImplementedError
