@@ -7,8 +7,6 @@ Topic names are ``VIGIL_TOPIC_<NAME>`` (DESIGN §2.3 gives the defaults).
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -86,8 +84,3 @@ class Topics(BaseSettings):
 
     def all(self) -> list[str]:
         return list(self.model_dump().values())
-
-
-def vigil_home() -> Path:
-    """Where vigil keeps datasets, model bundles and caches: ``$VIGIL_HOME`` or ~/.cache/vigil."""
-    return Path(os.environ.get("VIGIL_HOME") or Path.home() / ".cache" / "vigil").expanduser()
