@@ -14,5 +14,6 @@ One module per command group, each adding its commands with ``add_parser(subpars
     report.py      monitor report
 
 ``monitor serve`` and ``monitor paging`` come from :mod:`monitor.service.cli`. Nothing outside
-this package imports from it.
+the CLI imports from this package (tests/test_structure.py checks), and nothing here imports
+a heavy library before a command runs.
 """
