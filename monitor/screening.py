@@ -45,11 +45,6 @@ class ScreenStep:
         """``trajectory_id/step_id``: the dedup key of a page for this step."""
         return f"{self.trajectory_id}/{self.step.step_id}"
 
-    @property
-    def executed(self) -> bool:
-        """Whether the action has run (its result is known): post-execution signals exist."""
-        return self.step.result is not None
-
     def history_pairs(self, k: int = HISTORY) -> tuple[tuple[str, str], ...]:
         pairs = [(s.observation.text, s.action.text) for s in self.history]
         return tuple(pairs[-k:]) if k else ()

@@ -16,7 +16,7 @@ passes the step up when that probability reaches the gate's threshold.
   all steps it may pass up, measured on benign validation steps (defaults: 20 %
   reach L1, 2 % reach L2, 0.2 % reach a human). Gates are a cascade, so a
   gate's threshold is set on the benign steps that reached it.
-* **Deciding** (:meth:`CalibratedPolicy.decide`): the tier a step reaches is
+* **Deciding** (:meth:`CalibratedPolicy.decide_many`): the tier a step reaches is
   the number of consecutive gates it passes; because every gate is monotone in
   every signal, a higher score never lands a step in a lower tier.
 
@@ -432,9 +432,6 @@ class CalibratedPolicy:
             )
             for i in range(n)
         ]
-
-    def decide(self, signals: Mapping[str, float], *, through: int = 2) -> TierDecision:
-        return self.decide_many([signals], through=through)[0]
 
     def block(self, signals: Mapping[str, float]) -> bool:
         """Whether a proposed action is blocked outright (L0 + L1 signals)."""

@@ -104,10 +104,6 @@ class ExecutionTree:
     end: ExecutionEnd | None
 
     @property
-    def finished(self) -> bool:
-        return self.end is not None
-
-    @property
     def node_occurrences(self) -> int:
         """Sum over leaves of the root-to-leaf path length (nodes counted per trajectory)."""
         return sum(self.nodes[leaf].depth + 1 for leaf in self.leaves)

@@ -83,8 +83,7 @@ def test_a_higher_score_never_lands_in_a_lower_tier(
     low = dict(zip(NAMES, base, strict=True))
     high = dict(low)
     high[NAMES[which]] = min(1.0, low[NAMES[which]] + bump)
-    d_low = policy.decide(low, through=through)
-    d_high = policy.decide(high, through=through)
+    d_low, d_high = policy.decide_many([low, high], through=through)
     assert d_high.tier >= d_low.tier
     assert d_high.gate_scores[0] >= d_low.gate_scores[0]
 
