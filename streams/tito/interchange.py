@@ -50,20 +50,21 @@ def _tool(call: TitoCall) -> ToolCall | None:
 
 def _step(node: Node) -> Step:
     c = node.call
-    return Step.model_validate(
-        {
-            "step_id": c.call_id,
-            "index": node.depth,
-            "role": c.role,
-            "observation": Observation(text=node.provenance.observation_text),
-            "action": Action(text=c.output_text or "", tool=_tool(c)),
-            # extra keys of the interchange format: the exact tokens, for RL signals
-            "output_ids": list(c.output_ids),
-            "output_logprobs": None if c.output_logprobs is None else list(c.output_logprobs),
-            "policy_version": c.policy_version,
-            "dispatch_version": c.dispatch_version,
-        }
-    )
+    step: dict[str, Any] = {
+        "step_id": c.call_id,
+        "index": node.depth,
+        "role": c.role,
+        "observation": Observation(text=node.provenance.observation_text),
+        "action": Action(text=c.output_text or "", tool=_tool(c)),
+        # extra keys of the interchange format: the exact tokens, for RL signals
+        "output_ids": list(c.output_ids),
+        "output_logprobs": None if c.output_logprobs is None else list(c.output_logprobs),
+        "policy_version": c.policy_version,
+        "dispatch_version": c.dispatch_version,
+    }
+    if c.trainer_logprobs is not None:  # the trainer's recomputation: off-policy drift at L0
+        step["trainer_logprobs"] = list(c.trainer_logprobs)
+    return Step.model_validate(step)
 
 
 def _meta(tree: ExecutionTree, leaf: Node) -> dict[str, Any]:

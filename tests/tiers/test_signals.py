@@ -141,3 +141,34 @@ def test_a_new_scorer_class_is_all_it_takes_to_add_a_signal() -> None:
     assert "len_long_action" not in default_policy_config().tiers[0].signals
     with pytest.raises(TypeError, match="does not declare tier"):
         type("Half", (TierScorer,), {"name": "half", "signals": ("x",)})
+
+
+def test_rebuilt_rollout_steps_carry_what_the_rl_flags_need() -> None:
+    """The packaged TITO sample (with the trainer's log-probs added to one call), rebuilt as
+    the reassembly stage does: its steps carry the trainer's log-probs, the final step its
+    execution's end, so the flags reach L0."""
+    import json
+    from importlib import resources
+
+    from monitor.screening import screen_step_of
+    from streams.records import ExecutionEnd, TitoCall
+    from streams.rollouts import rollout_step_events
+    from streams.tito import reconstruct
+
+    lines = (resources.files("monitor") / "data" / "sample_tito.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in lines if x.strip()]
+    calls = [TitoCall.model_validate(r) for r in rows if "call_id" in r]
+    first = calls[0]
+    assert first.output_logprobs is not None and first.trainer_logprobs is None
+    # the trainer puts this call's tokens e (2.7) times likelier: all out of the trust region
+    calls[0] = first.model_copy(
+        update={"trainer_logprobs": [lp + 1.0 for lp in first.output_logprobs]})
+    ends = [ExecutionEnd.model_validate(r) for r in rows if "call_id" not in r]
+    events = [e for tree in reconstruct(calls, ends) for e in rollout_step_events(tree)]
+    rows_l0 = RLHealthSignals().score_steps([screen_step_of(e) for e in events])
+    drift = {e.step.step_id: r["rl_out_of_trust_share"]
+             for e, r in zip(events, rows_l0, strict=True) if "rl_out_of_trust_share" in r}
+    assert drift == {first.call_id: 1.0}
+    assert all(0.0 <= v <= 1.0 for r in rows_l0 for v in r.values())
+    finals = [r for e, r in zip(events, rows_l0, strict=True) if e.final]
+    assert finals and all("rl_timed_out" in r for r in finals)
