@@ -35,13 +35,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from monitor.cli.probes import _layers  # noqa: E402
 from probes.bundle import ProbeScorer  # noqa: E402
 from probes.capture import ExtractStats, Template, extract  # noqa: E402
 from probes.models import load_probe_model  # noqa: E402
 from probes.pipeline import evaluate_bundle, load_steps, train_probe  # noqa: E402
 from probes.plots import plot_sweep  # noqa: E402
 from probes.sweep import auroc  # noqa: E402
+from vigil.lm import parse_layers  # noqa: E402
 from vigil.paths import dataset, probe_cache  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -205,7 +205,7 @@ def main() -> int:
     template = Template()
     cache = probe_cache()
     stats = ExtractStats()
-    layers = _layers(args.layers, pm.num_layers)
+    layers = parse_layers(args.layers, pm.num_layers)
     info, sweep = train_probe(
         pm,
         args.data,

@@ -227,3 +227,20 @@ def load_language_model(
     else:
         model_id, model_hash = folder.name, _folder_hash(folder)
     return LanguageModel(model, tok, model_id, model_hash, str(folder), dt)
+
+
+def parse_layers(spec: str | None, num_layers: int) -> list[int]:
+    """``"all"``/None, ``"4,6,8"`` or ``"2-10"`` → layer numbers (1-based)."""
+    if not spec or spec == "all":
+        return list(range(1, num_layers + 1))
+    out: list[int] = []
+    for part in spec.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    bad = [x for x in out if not 1 <= x <= num_layers]
+    if bad:
+        raise ValueError(f"layers {bad} are outside 1..{num_layers} for this model")
+    return sorted(set(out))

@@ -28,30 +28,15 @@ def _one_sentence(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     return run
 
 
-def _layers(spec: str | None, num_layers: int) -> list[int]:
-    """``"all"``/None, ``"4,6,8"`` or ``"2-10"`` → layer numbers (1-based)."""
-    if not spec or spec == "all":
-        return list(range(1, num_layers + 1))
-    out: list[int] = []
-    for part in spec.split(","):
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    bad = [x for x in out if not 1 <= x <= num_layers]
-    if bad:
-        raise ValueError(f"layers {bad} are outside 1..{num_layers} for this model")
-    return sorted(set(out))
-
-
 def _source_layers(spec: str | None, pm: Any) -> list[int]:
     """The layers to read from ``pm``: an endpoint has only its pseudo-layer 0."""
     if pm.source == "endpoint":
         if spec not in (None, "all", "0"):
             raise ValueError(f"an embeddings endpoint has one pseudo-layer, 0, not {spec!r}")
         return list(pm.available_layers)
-    return _layers(spec, pm.num_layers)
+    from vigil.lm import parse_layers
+
+    return parse_layers(spec, pm.num_layers)
 
 
 def _source(args: argparse.Namespace) -> Any:
@@ -114,7 +99,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.from_records:
         if args.model_path or args.endpoint:
             raise ValueError("--from-records reads the records' activations: no model to give")
-        pm, layers = None, (_layers(args.layers, 10**6) if args.layers else None)
+        from vigil.lm import parse_layers
+
+        pm, layers = None, (parse_layers(args.layers, 10**6) if args.layers else None)
     else:
         pm = _source(args)
         layers = _source_layers(args.layers, pm)

@@ -1,4 +1,4 @@
-"""`monitor stream`: the streaming worker (``monitor.worker``) as a long-running command."""
+"""`monitor stream`: the streaming worker (``monitor.stream``) as a long-running command."""
 
 from __future__ import annotations
 
@@ -51,7 +51,6 @@ EPILOG = textwrap.dedent(
 
 def cmd_stream(args: argparse.Namespace) -> int:
     """``monitor stream``: check the options and the broker, load the models, run the worker."""
-    import signal
     import threading
 
     roles = ("reassemble", "screen", "review", "recall") if args.role == "all" else (args.role,)
@@ -68,49 +67,27 @@ def cmd_stream(args: argparse.Namespace) -> int:
         raise CliError(f"--canary-rate must be in [0, 1], got {args.canary_rate}")
     if args.canary_rate > 0 and "screen" not in roles:
         raise CliError("--canary-rate needs the screen stage (--role screen or all)")
-    settings = kafka_settings(args)
-    check_reachable(settings)
-
-    from monitor.pipeline import load_screener
-    from monitor.worker import PagingClient, Worker, WorkerConfig, load_review_screener
-    from streams.config import Topics
-    from streams.kafka import KafkaBus
-
-    def report(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    screener = review_screener = None
-    if "screen" in roles:
-        report("vigil stream: loading the screening models ...")
-        screener = load_screener(args.policy, reviewer="review" in roles)
-        review_screener = screener
-    elif "review" in roles:
-        review_screener = load_review_screener(args.policy)
-    paging = None
-    if "review" in roles:
-        if paging_url:
-            assert paging_token is not None
-            paging = PagingClient(paging_url, paging_token)
-        else:
-            report("vigil stream: no --paging-url: tier-3 steps go to the escalations topic only")
-    canaries = None
-    if args.canary_rate > 0:
-        from dashboards.canary import CanaryInjector, load_canary_set
-        from monitor.defaults import ensure_default_canaries
-
-        path = args.canaries or ensure_default_canaries(log=report)
-        canaries = CanaryInjector(load_canary_set(path), args.canary_rate)
-        report(f"vigil stream: injecting canaries at {args.canary_rate:g} per step "
-               f"({len(canaries.canaries)} in {path})")
     if args.execution_timeout <= 0:
         raise CliError(f"--execution-timeout must be positive, got {args.execution_timeout}")
-    metrics = registry = None
     if args.metrics_port is None and os.environ.get("VIGIL_METRICS_PORT"):
         try:
             args.metrics_port = int(os.environ["VIGIL_METRICS_PORT"])
         except ValueError:
             got = os.environ["VIGIL_METRICS_PORT"]
             raise CliError(f"VIGIL_METRICS_PORT must be a port number, got {got!r}") from None
+    settings = kafka_settings(args)
+    check_reachable(settings)
+
+    from monitor.stream.build import build_worker
+    from monitor.stream.paging import PagingClient
+    from monitor.stream.runner import WorkerConfig, stop_on_signals
+    from streams.config import Topics
+    from streams.kafka import KafkaBus
+
+    def report(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    metrics = registry = None
     if args.metrics_port is not None:
         from prometheus_client import CollectorRegistry
 
@@ -119,13 +96,6 @@ def cmd_stream(args: argparse.Namespace) -> int:
         registry = CollectorRegistry()
         metrics = WorkerMetrics(registry)
     stop = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        report(f"vigil stream: {signal.Signals(signum).name}: finishing the batch, then stopping")
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
     config = WorkerConfig(
         topics=Topics(),
         roles=roles,
@@ -134,17 +104,18 @@ def cmd_stream(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout,
         execution_timeout_s=args.execution_timeout,
     )
-    worker = Worker(
+    worker = build_worker(
         config,
         lambda: KafkaBus(settings),
-        screener=screener,
-        review_screener=review_screener,
-        paging=paging,
+        policy=args.policy,
+        paging=PagingClient(paging_url, paging_token) if paging_url and paging_token else None,
+        canary_rate=args.canary_rate,
+        canaries=args.canaries,
+        metrics=metrics,
         stop=stop,
         report=report,
-        metrics=metrics,
-        canaries=canaries,
     )
+    stop_on_signals(stop, report)
     if args.metrics_port is not None:
         from dashboards.serve import serve_metrics
 

@@ -68,7 +68,7 @@ def build_worker(
 
         screener = load_review_screener(policy)
     if "review" in config.roles and paging is None:
-        report("vigil stream: no paging service: tier-3 steps go to the escalations topic only")
+        report("vigil stream: no --paging-url: tier-3 steps go to the escalations topic only")
     injector = _canaries(canaries, canary_rate, report) if canary_rate > 0 else None
     if "recall" in config.roles and metrics is None:  # the counts need somewhere to go
         from prometheus_client import CollectorRegistry
