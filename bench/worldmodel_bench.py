@@ -24,6 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import vigil.paths  # noqa: E402
 from worldmodel.datasets.format import read_transitions  # noqa: E402
 from worldmodel.encoders import TextEncoder  # noqa: E402
 from worldmodel.evaluate import evaluate  # noqa: E402
@@ -124,7 +125,7 @@ def plot(result: dict, scores: dict, history: list, out: Path) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--data", nargs="+", required=True)
-    ap.add_argument("--bundle", default=str(Path.home() / ".cache/vigil/models/worldmodel-bench"))
+    ap.add_argument("--bundle", default=str(vigil.paths.models_dir() / "worldmodel-bench"))
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--throughput-steps", type=int, default=1024)
@@ -137,7 +138,7 @@ def main() -> None:
                 data=args.data,
                 out=str(bundle),
                 epochs=args.epochs,
-                text_cache=str(Path.home() / ".cache/vigil/cache/text"),
+                text_cache=str(vigil.paths.text_cache()),
                 model=JEPAConfig(),
             )
         )

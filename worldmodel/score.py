@@ -1,6 +1,6 @@
 """The L0 scorer: a checkpoint bundle → surprise and harm for a batch of steps.
 
-    scorer = WorldModelScorer.load("~/.cache/vigil/models/worldmodel")
+    scorer = WorldModelScorer.load(vigil.paths.worldmodel_bundle())
     scores = scorer.score(steps)      # steps: list[StepInput]
 
 Before an action runs (``next_observation`` is None) only ``harm_pre`` is
