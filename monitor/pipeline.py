@@ -262,12 +262,28 @@ def build_parts(
     l1: list[Scorer] = (
         [cls.load(bundles) for cls in scorers_of(1)] if config.tiers[1].signals else []
     )
-    rv = None
-    if reviewer and config.tiers[2].signals:
-        from monitor.reviewer import ReviewerConfig, build_reviewer
+    return l0, l1, _reviewer(config) if reviewer else None
 
-        rv = build_reviewer(ReviewerConfig(**dict(config.reviewer)))
-    return l0, l1, rv
+
+def _reviewer(config: PolicyConfig) -> Reviewer | None:
+    """The L2 reviewer ``config`` names (None when L2 has no signals)."""
+    if not config.tiers[2].signals:
+        return None
+    from monitor.reviewer import ReviewerConfig, build_reviewer
+
+    return build_reviewer(ReviewerConfig(**dict(config.reviewer)))
+
+
+def _calibrated(policy: str | Path | None) -> CalibratedPolicy:
+    import vigil.paths
+
+    path = Path(policy).expanduser() if policy else vigil.paths.policy()
+    if not path.exists():
+        raise PolicyError(
+            f"{path}: no calibrated policy; run `monitor calibrate` (or `monitor screen` "
+            "once without --policy to build the defaults)"
+        )
+    return CalibratedPolicy.load(path)
 
 
 def load_screener(
@@ -282,14 +298,12 @@ def load_screener(
     the default policy when it does not exist yet, pass the path
     :func:`monitor.defaults.ensure_policy` returns.
     """
-    import vigil.paths
-
-    path = Path(policy).expanduser() if policy else vigil.paths.policy()
-    if not path.exists():
-        raise PolicyError(
-            f"{path}: no calibrated policy; run `monitor calibrate` (or `monitor screen` "
-            "once without --policy to build the defaults)"
-        )
-    cal = CalibratedPolicy.load(path)
+    cal = _calibrated(policy)
     l0, l1, rv = build_parts(cal.config, models=cal.data.get("models"), reviewer=reviewer, log=log)
     return Screener(cal, l0, l1, rv)
+
+
+def load_review_screener(policy: str | Path | None = None) -> Screener:
+    """The review stage's screener: the policy and the L2 reviewer, no L0/L1 models."""
+    cal = _calibrated(policy)
+    return Screener(cal, l0=(), l1=(), reviewer=_reviewer(cal.config))

@@ -64,7 +64,7 @@ def build_worker(
         report("vigil stream: loading the screening models ...")
         screener = load_screener(path, reviewer="review" in config.roles)
     elif screener is None and "review" in config.roles:
-        from monitor.stream.review import load_review_screener
+        from monitor.pipeline import load_review_screener
 
         screener = load_review_screener(policy)
     if "review" in config.roles and paging is None:

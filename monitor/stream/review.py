@@ -15,7 +15,6 @@ paging twice.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dashboards.canary import is_canary
@@ -181,18 +180,3 @@ def _tier2(rec: Record) -> Escalation | None:
             f"ends at step {rec.trajectory.steps[-1].step_id!r}"
         )
     return rec
-
-
-def load_review_screener(policy: str | Path | None = None) -> Screener:
-    """The review stage's screener: the policy and the L2 reviewer, no L0/L1 models."""
-    import vigil.paths
-    from monitor.pipeline import Screener
-    from monitor.tiers import CalibratedPolicy
-
-    cal = CalibratedPolicy.load(Path(policy).expanduser() if policy else vigil.paths.policy())
-    rv = None
-    if cal.config.tiers[2].signals:
-        from monitor.reviewer import ReviewerConfig, build_reviewer
-
-        rv = build_reviewer(ReviewerConfig(**dict(cal.config.reviewer)))
-    return Screener(cal, l0=(), l1=(), reviewer=rv)

@@ -8,10 +8,10 @@ import dataclasses
 from pathlib import Path
 
 from monitor.demo import PagingServer
-from monitor.pipeline import Screener
+from monitor.pipeline import Screener, load_review_screener
 from monitor.scorers import WorldModelSignals
 from monitor.stream.paging import PagingClient
-from monitor.stream.review import ReviewStage, load_review_screener
+from monitor.stream.review import ReviewStage
 from streams.bus import Message
 from streams.config import Topics
 from streams.records import Escalation, Trajectory, decode

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from monitor.demo import PagingServer, step_tiers
+from monitor.pipeline import load_review_screener
 from monitor.stream.paging import PagingClient
-from monitor.stream.review import ReviewStage, load_review_screener
+from monitor.stream.review import ReviewStage
 from streams.bus import InMemoryBus, Message
 from streams.config import Topics
 from streams.kafka import KafkaBus
