@@ -258,10 +258,15 @@ def build_parts(
         "probes": Path(chosen.get("probes") or vigil.paths.probes_bundle()),
     }
     bundles = {k: p.expanduser() for k, p in bundles.items()}
-    l0: list[Scorer] = [cls.load(bundles) for cls in scorers_of(0)]
-    l1: list[Scorer] = (
-        [cls.load(bundles) for cls in scorers_of(1)] if config.tiers[1].signals else []
-    )
+    for name, folder in config.models().items():  # bundles of other scorers
+        if name not in bundles:
+            bundles[name] = Path(folder or vigil.paths.bundle(name)).expanduser()
+
+    def used(tier: int) -> list[Scorer]:
+        wanted = set(config.tiers[tier].signals)
+        return [cls.load(bundles) for cls in scorers_of(tier) if wanted & set(cls.signals)]
+
+    l0, l1 = used(0), used(1)
     return l0, l1, _reviewer(config) if reviewer else None
 
 

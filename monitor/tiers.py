@@ -102,6 +102,13 @@ class PolicyConfig:
             out.extend(s for s in t.signals if s not in out)
         return tuple(out)
 
+    def models(self) -> dict[str, str | None]:
+        """Every model bundle the tiers name (folder, or None for the default)."""
+        out: dict[str, str | None] = {}
+        for t in self.tiers:
+            out.update(t.models)
+        return out
+
     def model(self, name: str) -> str | None:
         for t in self.tiers:
             if name in t.models:

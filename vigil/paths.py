@@ -47,6 +47,11 @@ def models_dir() -> Path:
     return home() / "models"
 
 
+def bundle(name: str) -> Path:
+    """A model bundle by name (``worldmodel``, ``probes``, ``drift``, ...)."""
+    return models_dir() / name
+
+
 def worldmodel_bundle() -> Path:
     return models_dir() / "worldmodel"
 

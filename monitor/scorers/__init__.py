@@ -63,8 +63,19 @@ def tier_signals(tier: int) -> tuple[str, ...]:
 
 
 def default_signals() -> tuple[tuple[str, ...], ...]:
-    """The signals of L0, L1 and L2 in the default policy: all that the scorers produce."""
-    return tuple(tier_signals(k) for k in range(len(TIER_NAMES)))
+    """The signals of L0, L1 and L2 in the default policy: all that the scorers marked
+    ``in_default`` produce."""
+    out: list[tuple[str, ...]] = []
+    for k in range(len(TIER_NAMES)):
+        if k == 2:
+            out.append(ReviewVerdict.SIGNALS)
+            continue
+        names: list[str] = []
+        for cls in scorers_of(k):
+            if cls.in_default:
+                names.extend(s for s in cls.signals if s not in names)
+        out.append(tuple(names))
+    return tuple(out)
 
 
 class UnknownSignal(ValueError):  # noqa: N818 - reads as what went wrong

@@ -15,14 +15,17 @@ class TierScorer:
     A subclass declares its ``tier`` (0: every step; 1: what L0 escalates), a ``name``, the
     ``signals`` it can produce (each in [0, 1], higher = more harmful; one it cannot compute
     for a step is left out of that step's dict) and its place among its tier's scorers
-    (``order``: the order of the signals in the default policy). Defining the class
-    registers it; :meth:`load` builds it from the model bundles a policy names.
+    (``order``: the order of the signals in the default policy; ``in_default``: whether the
+    default policy uses them at all). Defining the class registers it; :meth:`load` builds it
+    from the model bundles a policy names; a screener loads only the scorers whose signals its
+    policy uses.
     """
 
     tier: ClassVar[int]
     name: ClassVar[str]
     signals: ClassVar[tuple[str, ...]]
     order: ClassVar[int] = 100
+    in_default: ClassVar[bool] = True  # whether the default policy uses its signals
     registry: ClassVar[list[type[TierScorer]]] = []
 
     def __init_subclass__(cls, **kwargs: object) -> None:
