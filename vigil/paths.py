@@ -5,6 +5,7 @@ Every path under the home is spelled here and nowhere else::
     $VIGIL_HOME/                  (default ~/.cache/vigil)
         data/agentdojo/           AgentDojo transitions   (monitor worldmodel build-data agentdojo)
         data/miniwob/             MiniWoB++ transitions   (monitor worldmodel build-data miniwob)
+        data/toolemu/             ToolEmu transitions     (monitor worldmodel build-data toolemu)
         data/canaries.jsonl       the default canary set  (built from the training split)
         models/worldmodel/        the L0 world-model bundle
         models/probes/            the L1 probe bundle
@@ -35,7 +36,7 @@ def data_dir() -> Path:
 
 
 def dataset(name: str) -> Path:
-    """A transition dataset by source name (``agentdojo``, ``miniwob``)."""
+    """A transition dataset by source name (``agentdojo``, ``miniwob``, ``toolemu``)."""
     return data_dir() / name
 
 

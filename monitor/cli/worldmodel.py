@@ -29,6 +29,12 @@ def cmd_build_data(args: argparse.Namespace) -> int:
             max_injection_tasks=args.max_injection_tasks,
             seed=args.seed,
         )
+    elif args.source == "toolemu":
+        from worldmodel.datasets.toolemu.build import build_toolemu
+
+        m = build_toolemu(
+            out, source=args.source_path, agreed_only=args.agreed_only, seed=args.seed
+        )
     else:
         from worldmodel.datasets.miniwob.build import DEFAULT_EPISODES, build_miniwob
 
@@ -107,6 +113,7 @@ def add_parser(sub: Any) -> None:
         description="The L0 world model (JEPA): surprise and harm for every step.",
         epilog="examples:\n  monitor worldmodel build-data agentdojo\n"
         "  monitor worldmodel build-data miniwob --tasks click-button email-inbox\n"
+        "  monitor worldmodel build-data toolemu --agreed-only\n"
         "  monitor worldmodel train --epochs 8\n"
         "  monitor worldmodel eval --out bench/results/worldmodel_eval.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -118,7 +125,7 @@ def add_parser(sub: Any) -> None:
         help="build a transition dataset",
         description="Build a transition dataset (default: $VIGIL_HOME/data/SOURCE).",
     )
-    b.add_argument("source", choices=["agentdojo", "miniwob"])
+    b.add_argument("source", choices=["agentdojo", "miniwob", "toolemu"])
     b.add_argument("--out", help="output folder")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--suites", nargs="+", help="agentdojo: suites (default: all four)")
@@ -126,6 +133,18 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--max-injection-tasks", type=int, help="agentdojo: at most N injection tasks")
     b.add_argument("--tasks", nargs="+", help="miniwob: tasks (default: the 16 built in)")
     b.add_argument("--episodes", type=int, help="miniwob: episodes per task and policy")
+    b.add_argument(
+        "--source",
+        dest="source_path",
+        metavar="PATH",
+        help="toolemu: the trajectories file (default: $VIGIL_TOOLEMU, else "
+        "../shared/data/toolemu/train.jsonl beside the checkout)",
+    )
+    b.add_argument(
+        "--agreed-only",
+        action="store_true",
+        help="toolemu: keep only the runs on which both safety judges agree",
+    )
     b.set_defaults(fn=cmd_build_data)
 
     t = wsub.add_parser(
