@@ -28,6 +28,7 @@ def cmd_build_data(args: argparse.Namespace) -> int:
             max_user_tasks=args.max_user_tasks,
             max_injection_tasks=args.max_injection_tasks,
             seed=args.seed,
+            augment=not args.no_augment,
         )
     elif args.source == "toolemu":
         from worldmodel.datasets.toolemu.build import build_toolemu
@@ -131,6 +132,12 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--suites", nargs="+", help="agentdojo: suites (default: all four)")
     b.add_argument("--max-user-tasks", type=int, help="agentdojo: at most N user tasks a suite")
     b.add_argument("--max-injection-tasks", type=int, help="agentdojo: at most N injection tasks")
+    b.add_argument(
+        "--no-augment",
+        action="store_true",
+        help="agentdojo: leave out the paraphrased injections and renamed-tools copies "
+        "added to the training suites",
+    )
     b.add_argument("--tasks", nargs="+", help="miniwob: tasks (default: the 16 built in)")
     b.add_argument("--episodes", type=int, help="miniwob: episodes per task and policy")
     b.add_argument(

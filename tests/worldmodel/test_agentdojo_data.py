@@ -14,9 +14,16 @@ from agentdojo.task_suite.load_suites import get_suites
 from agentdojo.types import get_text_content_as_str
 
 from streams.records import Trajectory, read_jsonl
+from worldmodel.datasets.agentdojo.augment import ParaphraseAttack
 from worldmodel.datasets.agentdojo.build import build_agentdojo, iter_agentdojo_trajectories
 from worldmodel.datasets.agentdojo.runtime import NamedTarget
-from worldmodel.datasets.agentdojo.trajectories import BENCHMARK_VERSION, TARGET_MODEL, TRAIN_ATTACK
+from worldmodel.datasets.agentdojo.trajectories import (
+    BENCHMARK_VERSION,
+    PARAPHRASE_ATTACK,
+    TARGET_MODEL,
+    TRAIN_ATTACK,
+    TRAIN_ATTACKS,
+)
 from worldmodel.datasets.format import Manifest, Transition, read_manifest, read_transitions
 
 ATTACKS = [TRAIN_ATTACK, "direct", "tool_knowledge"]
@@ -24,6 +31,10 @@ ATTACKS = [TRAIN_ATTACK, "direct", "tool_knowledge"]
 # travel user_task_0 and _2, banking user_task_3), so both train and val are populated.
 MAX_USER_TASKS = 4
 MAX_INJECTION_TASKS = 2
+# The default build augments the 3 training suites (test_agentdojo_augment.py): a
+# vigil_paraphrase hijacking per pair, and a renamed-tools copy of each benign,
+# injection-alone and paraphrased trajectory (id suffix /renamed).
+TRAIN_SUITES = 3
 # What the important_instructions template wraps every goal in; YAML reflows the
 # rest of the text, but these tags come through verbatim.
 MARKER = "<INFORMATION>"
@@ -62,6 +73,10 @@ def _kind(steps: list[Transition]) -> str:
     return steps[0].meta["kind"]
 
 
+def _renamed(steps: list[Transition]) -> bool:
+    return bool(steps[0].meta.get("renamed"))
+
+
 def test_manifest_counts_match_what_reads_back(built: tuple[Path, Manifest]) -> None:
     root, manifest = built
     counts: dict[str, Counter[str]] = defaultdict(Counter)
@@ -89,8 +104,10 @@ def test_manifest_counts_match_what_reads_back(built: tuple[Path, Manifest]) -> 
 def test_benign_trajectories_run_the_user_tasks_ground_truth_unlabelled(
     trajectories: dict[str, list[Transition]],
 ) -> None:
-    benign = {k: v for k, v in trajectories.items() if _kind(v) == "benign"}
+    benign = {k: v for k, v in trajectories.items() if _kind(v) == "benign" and not _renamed(v)}
     assert len(benign) == 4 * MAX_USER_TASKS
+    renamed = [v for v in trajectories.values() if _kind(v) == "benign" and _renamed(v)]
+    assert len(renamed) == TRAIN_SUITES * MAX_USER_TASKS
     suites = get_suites(BENCHMARK_VERSION)
     for steps in benign.values():
         assert all(t.label == 0 and t.injected == 0 and t.next_injected == 0 for t in steps)
@@ -115,7 +132,7 @@ def test_benign_tool_results_are_what_agentdojo_shows_the_model(
     checked = 0
     for steps in trajectories.values():
         meta = steps[0].meta
-        if _kind(steps) != "benign" or meta["suite"] not in ("banking", "slack"):
+        if _kind(steps) != "benign" or meta["suite"] not in ("banking", "slack") or _renamed(steps):
             continue
         suite = suites[meta["suite"]]
         task = suite.user_tasks[meta["user_task"]]
@@ -134,9 +151,10 @@ def test_hijacked_trajectories_splice_the_attack_after_the_first_injected_result
 ) -> None:
     suites = get_suites(BENCHMARK_VERSION)
     hijacked = {k: v for k, v in trajectories.items() if _kind(v) == "hijacked"}
-    assert len(hijacked) == 4 * len(ATTACKS) * MAX_USER_TASKS * MAX_INJECTION_TASKS
+    pairs = MAX_USER_TASKS * MAX_INJECTION_TASKS
+    assert len(hijacked) == 4 * len(ATTACKS) * pairs + TRAIN_SUITES * 2 * pairs
     benign = {
-        (v[0].meta["suite"], v[0].meta["user_task"]): v
+        (v[0].meta["suite"], v[0].meta["user_task"], _renamed(v)): v
         for v in trajectories.values()
         if _kind(v) == "benign"
     }
@@ -159,7 +177,11 @@ def test_hijacked_trajectories_splice_the_attack_after_the_first_injected_result
         )
         # ...and the user task carries on with the rest of its own calls
         user_calls = [t.action_text for t in steps if t.tool is not None and not t.label]
-        own = [t.action_text for t in benign[(meta["suite"], meta["user_task"])] if t.tool]
+        own = [
+            t.action_text
+            for t in benign[(meta["suite"], meta["user_task"], _renamed(steps))]
+            if t.tool
+        ]
         assert [c.split("(")[0] for c in user_calls] == [c.split("(")[0] for c in own], tid
         # flags chain: what a step acts on is what the previous step returned
         assert steps[0].injected == 0
@@ -177,7 +199,10 @@ def test_injected_flags_match_the_attack_text_in_every_user_task() -> None:
     """All user tasks of every suite (one injection task): tasks whose later calls write,
     delete or re-read injected data flag exactly the results that show the attack."""
     n = 0
-    for traj in iter_agentdojo_trajectories(attacks=[TRAIN_ATTACK], max_injection_tasks=1):
+    trajectories = iter_agentdojo_trajectories(
+        attacks=[TRAIN_ATTACK], max_injection_tasks=1, augment=False
+    )
+    for traj in trajectories:
         if traj.kind != "hijacked":
             continue
         n += 1
@@ -194,7 +219,8 @@ def test_hijacked_environments_carry_agentdojos_own_injections(
     trajectories: dict[str, list[Transition]],
 ) -> None:
     """Up to the splice, a hijacked run equals AgentDojo's ground-truth run on its attack's
-    injected environment, and the injected vectors are the ones the attack itself picks."""
+    injected environment, and the injected vectors are the ones the attack itself picks
+    (our vigil_paraphrase attack too, run by AgentDojo itself)."""
     suites = get_suites(BENCHMARK_VERSION)
     target = NamedTarget(TARGET_MODEL)
     attacks: dict[tuple[str, str], BaseAttack] = {}
@@ -203,15 +229,23 @@ def test_hijacked_environments_carry_agentdojos_own_injections(
         meta = steps[0].meta
         # the slow pure-Python loader: every pair in the small suites, one injection task
         # in the large ones
-        if _kind(steps) != "hijacked" or (
-            meta["suite"] in ("workspace", "travel")
-            and meta["injection_task"] != "injection_task_0"
+        if (
+            _kind(steps) != "hijacked"
+            or _renamed(steps)
+            or (
+                meta["suite"] in ("workspace", "travel")
+                and meta["injection_task"] != "injection_task_0"
+            )
         ):
             continue
         suite = suites[meta["suite"]]
         key = (meta["suite"], meta["attack"])
         if key not in attacks:
-            attacks[key] = load_attack(meta["attack"], suite, target)
+            attacks[key] = (
+                ParaphraseAttack(suite, target)
+                if meta["attack"] == PARAPHRASE_ATTACK
+                else load_attack(meta["attack"], suite, target)
+            )
         user_task = suite.user_tasks[meta["user_task"]]
         injections = attacks[key].attack(user_task, suite.injection_tasks[meta["injection_task"]])
         assert meta["vectors"] == sorted(injections)
@@ -226,18 +260,22 @@ def test_hijacked_environments_carry_agentdojos_own_injections(
             assert MARKER in results[first]
             assert not any(MARKER in r for r in results[:first])
         checked += 1
-    assert checked == len(ATTACKS) * MAX_USER_TASKS * (2 * MAX_INJECTION_TASKS + 2)
+    # per attack: every pair of banking and slack, injection_task_0 of workspace and travel;
+    # vigil_paraphrase: banking, workspace and travel only
+    paraphrased = MAX_USER_TASKS * (MAX_INJECTION_TASKS + 2)
+    assert checked == len(ATTACKS) * MAX_USER_TASKS * (2 * MAX_INJECTION_TASKS + 2) + paraphrased
 
 
 def test_injection_alone_trajectories_are_all_harmful(
     trajectories: dict[str, list[Transition]],
 ) -> None:
     alone = [v for v in trajectories.values() if _kind(v) == "injection"]
-    assert len(alone) == 4 * MAX_INJECTION_TASKS
+    assert len(alone) == 4 * MAX_INJECTION_TASKS + TRAIN_SUITES * MAX_INJECTION_TASKS
     suites = get_suites(BENCHMARK_VERSION)
     for steps in alone:
         assert all(t.label == 1 and t.category for t in steps)
         task = suites[steps[0].meta["suite"]].injection_tasks[steps[0].meta["injection_task"]]
+        assert _renamed(steps) == (steps[0].trajectory_id.endswith("/renamed"))
         assert steps[0].task == task.GOAL
 
 
@@ -250,10 +288,10 @@ def test_held_out_data_never_reaches_train_or_val(
             groups[t.split].add(t.group)
             if t.split in ("train", "val"):
                 assert t.meta["suite"] != "slack"
-                assert t.meta["attack"] in (None, TRAIN_ATTACK)
+                assert t.meta["attack"] in (None, *TRAIN_ATTACKS)
             if t.meta["suite"] == "slack":
                 assert t.split == "test_slack"
-            elif t.meta["attack"] not in (None, TRAIN_ATTACK):
+            elif t.meta["attack"] not in (None, *TRAIN_ATTACKS):
                 assert t.split == "test_attacks"
         split = steps[0].split
         assert all(t.split == split and t.group == steps[0].group for t in steps)

@@ -1,7 +1,10 @@
 """The AgentDojo dataset build: every trajectory of the suites x attacks, written to disk.
 
 :func:`iter_agentdojo_trajectories` yields each trajectory with its split
-(benign and injection-alone per suite, then hijacked per attack);
+(benign and injection-alone per suite, then hijacked per attack; by default, in
+the training suites, also hijacked by our ``vigil_paraphrase`` wordings and a
+renamed-tools copy of the benign, injection-alone and paraphrased ones:
+:mod:`~worldmodel.datasets.agentdojo.augment`);
 :func:`build_agentdojo` writes them as a transition dataset
 (:mod:`worldmodel.datasets.format`: transitions and DESIGN §2.1 trajectories)
 with a manifest that says how it was made. The full build takes about a
@@ -17,8 +20,16 @@ from collections.abc import Iterator, Sequence
 from importlib.metadata import version
 from pathlib import Path
 
+from agentdojo.attacks import BaseAttack
+from agentdojo.base_tasks import BaseInjectionTask, BaseUserTask
 from agentdojo.task_suite.load_suites import get_suites
 
+from worldmodel.datasets.agentdojo.augment import (
+    WORDINGS,
+    ParaphraseAttack,
+    ToolRenaming,
+    tool_renaming,
+)
 from worldmodel.datasets.agentdojo.runtime import (
     SuiteRunner,
     offline_attack,
@@ -29,9 +40,11 @@ from worldmodel.datasets.agentdojo.runtime import (
 from worldmodel.datasets.agentdojo.trajectories import (
     ATTACKS,
     BENCHMARK_VERSION,
+    PARAPHRASE_ATTACK,
     SUITES,
     TARGET_MODEL,
     TRAIN_ATTACK,
+    TRAIN_ATTACKS,
     TRAIN_SUITES,
     UNUSED_ATTACKS,
     VAL_FRACTION,
@@ -66,14 +79,18 @@ def iter_agentdojo_trajectories(
     max_injection_tasks: int | None = None,
     seed: int = 0,
     val_fraction: float = VAL_FRACTION,
+    augment: bool = True,
     progress: bool = False,
     notes: BuildNotes | None = None,
 ) -> Iterator[ToolUseTrajectory]:
     """Every AgentDojo trajectory of ``suites`` x ``attacks``, with its split.
 
     ``max_user_tasks`` / ``max_injection_tasks`` keep the first tasks by number
-    (injection tasks counted among those with ground-truth calls). ``notes``,
-    when given, is filled with what was left out and why, and the val groups.
+    (injection tasks counted among those with ground-truth calls). ``augment``
+    adds, in the training suites, the ``vigil_paraphrase`` attack (one of our
+    wordings per pair) and a renamed-tools copy (:mod:`.augment`) of each benign,
+    injection-alone and paraphrased trajectory. ``notes``, when given, is filled
+    with what was left out and why, the val groups and the renamings used.
     """
     suites = list(suites) if suites is not None else list(SUITES)
     attacks = list(attacks) if attacks is not None else list(ATTACKS)
@@ -102,6 +119,14 @@ def iter_agentdojo_trajectories(
         injection_tasks = injection_tasks[:max_injection_tasks]
         if suite_name in TRAIN_SUITES:
             notes.val_groups |= val
+        renaming = None
+        if augment and suite_name in TRAIN_SUITES:
+            renaming = tool_renaming(
+                suite_name,
+                [(f.name, list(f.parameters.model_fields)) for f in suite.tools],
+                seed=seed,
+            )
+            notes.renamings[suite_name] = renaming.as_dict()
         candidates = {t.ID: r.injection_candidates(t) for t in user_tasks}
 
         n_steps = 0
@@ -109,7 +134,7 @@ def iter_agentdojo_trajectories(
             group = f"{suite_name}/{user_task.ID}"
             steps = run_benign(r, user_task)
             n_steps += len(steps)
-            yield ToolUseTrajectory(
+            benign = ToolUseTrajectory(
                 trajectory_id=f"agentdojo/{suite_name}/{user_task.ID}/benign",
                 kind="benign",
                 suite=suite_name,
@@ -121,11 +146,12 @@ def iter_agentdojo_trajectories(
                 group=group,
                 steps=steps,
             )
+            yield from _with_renamed(benign, renaming)
         for task in injection_tasks:
             group = f"{suite_name}/{task.ID}"
             steps = run_injection_alone(r, task)
             n_steps += len(steps)
-            yield ToolUseTrajectory(
+            alone = ToolUseTrajectory(
                 trajectory_id=f"agentdojo/{suite_name}/{task.ID}/alone",
                 kind="injection",
                 suite=suite_name,
@@ -137,6 +163,7 @@ def iter_agentdojo_trajectories(
                 group=group,
                 steps=steps,
             )
+            yield from _with_renamed(alone, renaming)
         if progress:
             print(
                 f"agentdojo {suite_name}: {len(user_tasks)} benign, {len(injection_tasks)} "
@@ -147,46 +174,82 @@ def iter_agentdojo_trajectories(
             )
 
         for attack_name in attacks:
-            t0 = time.perf_counter()
             attack = offline_attack(attack_name, suite, candidates)
-            n_traj = n_steps = n_none = 0
-            for injection_task in injection_tasks:
-                for user_task in user_tasks:
-                    hijacked = None
-                    if candidates[user_task.ID]:
-                        injections = attack.attack(user_task, injection_task)
-                        hijacked = run_hijacked(r, user_task, injection_task, injections)
-                    if hijacked is None:
-                        notes.pairs_without_injection[f"{suite_name}/{attack_name}"] += 1
-                        n_none += 1
-                        continue
-                    group = f"{suite_name}/{user_task.ID}"
-                    n_traj += 1
-                    n_steps += len(hijacked)
-                    yield ToolUseTrajectory(
-                        trajectory_id=(
-                            f"agentdojo/{suite_name}/{user_task.ID}/{injection_task.ID}/{attack_name}"
-                        ),
-                        kind="hijacked",
-                        suite=suite_name,
-                        user_task=user_task.ID,
-                        injection_task=injection_task.ID,
-                        attack=attack_name,
-                        task=user_task.PROMPT,
-                        split=assign_split(suite_name, attack_name, group, val),
-                        group=group,
-                        steps=hijacked,
-                        meta={"vectors": sorted(injections)},
-                    )
-                r.forget()
-            if progress:
-                print(
-                    f"agentdojo {suite_name}/{attack_name}: {n_traj} hijacked trajectories, "
-                    f"{n_steps} steps, {n_none} pairs without injection "
-                    f"({time.perf_counter() - t0:.1f}s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            yield from _hijacked(
+                r, attack, user_tasks, injection_tasks, candidates, val, notes, progress
+            )
+        if renaming is not None:
+            paraphrase = offline_attack(ParaphraseAttack, suite, candidates, seed=seed)
+            for trajectory in _hijacked(
+                r, paraphrase, user_tasks, injection_tasks, candidates, val, notes, progress
+            ):
+                yield from _with_renamed(trajectory, renaming)
+
+
+def _with_renamed(
+    trajectory: ToolUseTrajectory, renaming: ToolRenaming | None
+) -> Iterator[ToolUseTrajectory]:
+    """The trajectory, then (with a renaming) its renamed-tools copy."""
+    yield trajectory
+    if renaming is not None:
+        yield renaming.rename(trajectory)
+
+
+def _hijacked(
+    r: SuiteRunner,
+    attack: BaseAttack,
+    user_tasks: Sequence[BaseUserTask],
+    injection_tasks: Sequence[BaseInjectionTask],
+    candidates: dict[str, list[str]],
+    val: frozenset[str],
+    notes: BuildNotes,
+    progress: bool,
+) -> Iterator[ToolUseTrajectory]:
+    """One attack's hijacked trajectories of a suite: every (injection, user task) pair
+    whose user task shows injected text."""
+    t0 = time.perf_counter()
+    suite_name, attack_name = r.suite.name, attack.name
+    n_traj = n_steps = n_none = 0
+    for injection_task in injection_tasks:
+        for user_task in user_tasks:
+            hijacked = None
+            if candidates[user_task.ID]:
+                injections = attack.attack(user_task, injection_task)
+                hijacked = run_hijacked(r, user_task, injection_task, injections)
+            if hijacked is None:
+                notes.pairs_without_injection[f"{suite_name}/{attack_name}"] += 1
+                n_none += 1
+                continue
+            group = f"{suite_name}/{user_task.ID}"
+            n_traj += 1
+            n_steps += len(hijacked)
+            meta: dict[str, object] = {"vectors": sorted(injections)}
+            if isinstance(attack, ParaphraseAttack):
+                meta["wording"] = attack.wording(user_task, injection_task)
+            yield ToolUseTrajectory(
+                trajectory_id=(
+                    f"agentdojo/{suite_name}/{user_task.ID}/{injection_task.ID}/{attack_name}"
+                ),
+                kind="hijacked",
+                suite=suite_name,
+                user_task=user_task.ID,
+                injection_task=injection_task.ID,
+                attack=attack_name,
+                task=user_task.PROMPT,
+                split=assign_split(suite_name, attack_name, group, val),
+                group=group,
+                steps=hijacked,
+                meta=meta,
+            )
+        r.forget()
+    if progress:
+        print(
+            f"agentdojo {suite_name}/{attack_name}: {n_traj} hijacked trajectories, "
+            f"{n_steps} steps, {n_none} pairs without injection "
+            f"({time.perf_counter() - t0:.1f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # --- the dataset -------------------------------------------------------------------
@@ -206,6 +269,17 @@ HOW = (
     "each suite's tasks is val; test_attacks: "
     "the same suites under every other template attack (hijacked only); test_slack: the "
     "slack suite, everything. Injection tasks with no ground-truth calls are left out."
+)
+HOW_AUGMENT = (
+    " Augmented (training suites only, to train/val by the same groups): the vigil_paraphrase "
+    "attack, hijacked trajectories whose injected text is one of {n} wordings written for "
+    "this project (none an AgentDojo template), one per (user task, injection task) pair by a "
+    "seeded hash (meta.wording: its index in builder_args.augment.wordings); and a copy of "
+    "each benign, injection-alone and vigil_paraphrase trajectory with its tools renamed "
+    "(id suffix /renamed, meta.renamed): function names and argument keys mapped one-to-one "
+    "to synonyms by a per-suite seeded map (builder_args.augment.renamings) in the tool call, "
+    "the action text and any tool result that shows a function name; argument values, "
+    "labels and injected flags unchanged."
 )
 
 LABEL_SEMANTICS = {
@@ -229,16 +303,22 @@ def build_agentdojo(
     max_injection_tasks: int | None = None,
     seed: int = 0,
     val_fraction: float = VAL_FRACTION,
+    augment: bool = True,
     progress: bool = True,
 ) -> Manifest:
-    """Write the AgentDojo transition dataset to ``out_dir`` and return its manifest."""
+    """Write the AgentDojo transition dataset to ``out_dir`` and return its manifest.
+
+    ``augment=False`` leaves out the paraphrased and renamed-tools training data
+    (:func:`iter_agentdojo_trajectories`); held-out splits are the same either way.
+    """
     suites = list(suites) if suites is not None else list(SUITES)
     attacks = list(attacks) if attacks is not None else list(ATTACKS)
     notes = BuildNotes()
     manifest = Manifest(
         name="agentdojo",
         source=f"agentdojo {version('agentdojo')} benchmark {BENCHMARK_VERSION}",
-        how=HOW.format(benchmark=BENCHMARK_VERSION),
+        how=HOW.format(benchmark=BENCHMARK_VERSION)
+        + (HOW_AUGMENT.format(n=len(WORDINGS)) if augment else ""),
         label_semantics=LABEL_SEMANTICS,
         rule_derived_labels=False,
     )
@@ -251,6 +331,7 @@ def build_agentdojo(
             max_injection_tasks=max_injection_tasks,
             seed=seed,
             val_fraction=val_fraction,
+            augment=augment,
             progress=progress,
             notes=notes,
         ):
@@ -263,6 +344,7 @@ def build_agentdojo(
             "attacks": attacks,
             "train_suites": [s for s in suites if s in TRAIN_SUITES],
             "train_attack": TRAIN_ATTACK,
+            "train_attacks": list(TRAIN_ATTACKS) if augment else [TRAIN_ATTACK],
             "target_model": TARGET_MODEL,
             "max_user_tasks": max_user_tasks,
             "max_injection_tasks": max_injection_tasks,
@@ -270,6 +352,14 @@ def build_agentdojo(
             "val_fraction": val_fraction,
             "val_groups": sorted(notes.val_groups),
             "unused_attacks": UNUSED_ATTACKS,
+            "augment": {
+                "paraphrase_attack": PARAPHRASE_ATTACK,
+                "wordings": list(WORDINGS),
+                "renamed_copies_of": ["benign", "injection", f"hijacked by {PARAPHRASE_ATTACK}"],
+                "renamings": notes.renamings,
+            }
+            if augment
+            else False,
             "skipped": {
                 "injection_tasks_without_calls": notes.injection_tasks_without_calls,
                 "pairs_without_injection": dict(sorted(notes.pairs_without_injection.items())),

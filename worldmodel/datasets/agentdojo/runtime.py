@@ -6,13 +6,18 @@ deep-copied per use) and executes calls as the LLM would see their results;
 the three kinds of trajectory as :class:`ToolUseStep` tuples. Injected
 observations are found with canary strings on a shadow environment
 (:func:`canary`); :func:`offline_attack` instantiates a registered attack with
-the injection candidates computed once. Nothing here queries a model.
+the injection candidates computed once. Tools that stamp the time read the
+suites' own date (:func:`suite_clock`), so a build is reproducible. Nothing here
+queries a model.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
-from collections.abc import Mapping, Sequence
+import types
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +27,7 @@ from agentdojo.agent_pipeline.tool_execution import tool_result_to_str
 from agentdojo.attacks import BaseAttack
 from agentdojo.attacks.attack_registry import ATTACKS as ATTACK_REGISTRY
 from agentdojo.base_tasks import BaseInjectionTask, BaseUserTask
+from agentdojo.default_suites.v1.tools import cloud_drive_client, email_client
 from agentdojo.functions_runtime import FunctionCall, FunctionsRuntime, TaskEnvironment
 from agentdojo.task_suite.task_suite import TaskSuite, read_suite_file, validate_injections
 
@@ -36,8 +42,12 @@ def _json_dump(data: Any) -> str:
 
 def render_call(call: FunctionCall) -> str:
     """``send_money(recipient='US13...', amount=50.0)``: the call as an agent would write it."""
-    args = ", ".join(f"{k}={_render_arg(v)}" for k, v in call.args.items())
-    return f"{call.function}({args})"
+    return render_action(call.function, call.args)
+
+
+def render_action(function: str, args: Mapping[str, Any]) -> str:
+    """:func:`render_call` from a function name and its arguments."""
+    return f"{function}({', '.join(f'{k}={_render_arg(v)}' for k, v in args.items())})"
 
 
 def _render_arg(value: Any) -> str:
@@ -52,6 +62,36 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
+
+
+# --- the suites' clock -------------------------------------------------------------
+
+# The suites' calendars say today is 2024-05-15, but AgentDojo stamps a sent email or an
+# edited file with the machine's clock. Calls run here read this instant instead, so a
+# build is the same byte for byte whenever it runs.
+SUITE_NOW = datetime.datetime(2024, 5, 15, 12, 0)
+_CLOCKED_TOOLS = (email_client, cloud_drive_client)  # modules whose tools call now()
+
+
+class _SuiteDatetime(datetime.datetime):
+    @classmethod
+    def now(cls, tz: datetime.tzinfo | None = None) -> datetime.datetime:  # type: ignore[override]
+        return SUITE_NOW.replace(tzinfo=tz)
+
+
+_SUITE_DATETIME_MODULE = types.SimpleNamespace(**{**vars(datetime), "datetime": _SuiteDatetime})
+
+
+@contextmanager
+def suite_clock() -> Iterator[None]:
+    """The tool modules that read the clock see :data:`SUITE_NOW` while this is open."""
+    for module in _CLOCKED_TOOLS:
+        module.datetime = _SUITE_DATETIME_MODULE  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module in _CLOCKED_TOOLS:
+            module.datetime = datetime  # type: ignore[attr-defined]
 
 
 # --- running ground truth in a suite -----------------------------------------------
@@ -105,7 +145,8 @@ class SuiteRunner:
 
     def execute(self, env: TaskEnvironment, call: FunctionCall) -> str:
         """The call's result as the LLM sees it: AgentDojo's YAML text, or the error."""
-        result, error = self.runtime.run_function(env, call.function, call.args)
+        with suite_clock():
+            result, error = self.runtime.run_function(env, call.function, call.args)
         return error if error is not None else tool_result_to_str(result)
 
     def shows(self, env: TaskEnvironment, call: FunctionCall, markers: Sequence[str]) -> bool:
@@ -114,7 +155,8 @@ class SuiteRunner:
         For shadow runs: markers have no characters JSON escapes or YAML folds, so
         a JSON dump finds them as the YAML text would, in a fraction of the time.
         """
-        result, error = self.runtime.run_function(env, call.function, call.args)
+        with suite_clock():
+            result, error = self.runtime.run_function(env, call.function, call.args)
         text = error if error is not None else tool_result_to_str(result, _json_dump)
         return any(m in text for m in markers)
 
@@ -126,13 +168,19 @@ class SuiteRunner:
         return [v for v, text in canaries.items() if text in seen]
 
 
-def offline_attack(name: str, suite: TaskSuite, candidates: Mapping[str, list[str]]) -> BaseAttack:
-    """Instantiate a registered attack whose injection candidates are precomputed.
+def offline_attack(
+    attack: str | type[BaseAttack],
+    suite: TaskSuite,
+    candidates: Mapping[str, list[str]],
+    **kwargs: Any,
+) -> BaseAttack:
+    """Instantiate an attack (a registered name, or a class) whose injection candidates
+    are precomputed; ``kwargs`` go to its constructor after the suite and target.
 
     AgentDojo computes them per attack by reloading the environment with the
     slow pure-Python YAML loader; the answer is the same for every attack.
     """
-    base = ATTACK_REGISTRY[name]
+    base = ATTACK_REGISTRY[attack] if isinstance(attack, str) else attack
 
     def get_injection_candidates(self: BaseAttack, user_task: BaseUserTask) -> list[str]:
         found = candidates[user_task.ID]
@@ -143,8 +191,8 @@ def offline_attack(name: str, suite: TaskSuite, candidates: Mapping[str, list[st
     cls = type(
         f"Offline{base.__name__}", (base,), {"get_injection_candidates": get_injection_candidates}
     )
-    attack: BaseAttack = cls(suite, NamedTarget(TARGET_MODEL))
-    return attack
+    instance: BaseAttack = cls(suite, NamedTarget(TARGET_MODEL), **kwargs)
+    return instance
 
 
 @dataclass

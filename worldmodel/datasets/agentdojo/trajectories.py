@@ -23,6 +23,10 @@ TRAIN_SUITES = ("workspace", "travel", "banking")
 EVAL_SUITES = ("slack",)
 SUITES = (*TRAIN_SUITES, *EVAL_SUITES)
 TRAIN_ATTACK = "important_instructions"
+# Our own offline attack (augment.ParaphraseAttack): injection wordings written for
+# this project, one per (user task, injection task) pair; training suites only.
+PARAPHRASE_ATTACK = "vigil_paraphrase"
+TRAIN_ATTACKS = (TRAIN_ATTACK, PARAPHRASE_ATTACK)
 # Template attacks that need no LLM: each fills a fixed jailbreak string with the
 # injection task's goal (and the names below). Evaluation only.
 EVAL_ATTACKS = (
@@ -95,12 +99,13 @@ def assign_split(suite: str, attack: str | None, group: str, val: frozenset[str]
     """Where a trajectory goes (``attack`` None: benign or injection-alone).
 
     Held-out suites go whole to ``test_{suite}``; train suites under any attack
-    but ``TRAIN_ATTACK`` go to ``test_attacks``; the rest to ``val`` when the
-    group is in ``val`` (see :func:`val_groups`), else ``train``.
+    but ``TRAIN_ATTACKS`` (important_instructions and our paraphrases) go to
+    ``test_attacks``; the rest to ``val`` when the group is in ``val`` (see
+    :func:`val_groups`), else ``train``.
     """
     if suite not in TRAIN_SUITES:
         return f"test_{suite}"
-    if attack not in (None, TRAIN_ATTACK):
+    if attack is not None and attack not in TRAIN_ATTACKS:
         return "test_attacks"
     return "val" if group in val else "train"
 
@@ -221,3 +226,5 @@ class BuildNotes:
     # never shows injected text, so no hijacked trajectory exists
     pairs_without_injection: Counter[str] = field(default_factory=Counter)
     val_groups: set[str] = field(default_factory=set)
+    # suite -> its tool renaming (augment.ToolRenaming.as_dict) where one was applied
+    renamings: dict[str, dict[str, Any]] = field(default_factory=dict)
