@@ -257,7 +257,9 @@ def _hijacked(
 HOW = (
     "Ground-truth tool calls of AgentDojo {benchmark} tasks, executed one by one in each "
     "suite's FunctionsRuntime (offline; tool results rendered as AgentDojo shows them to the "
-    "LLM: YAML, or the error text). Benign: each user task on the default environment, then "
+    "LLM: YAML, or the error text; tools that stamp the time, sent emails and edited files, "
+    "read the suites' own date, 2024-05-15 12:00). Benign: each user task on the default "
+    "environment, then "
     "its ground-truth answer if any. Hijacked: per (user task, injection task, attack), the "
     "environment carries the attack's text in the injection vectors the user task's ground "
     "truth reaches; after the first tool result that shows injected text the injection "
