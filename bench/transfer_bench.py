@@ -49,7 +49,7 @@ from monitor.transfer import (  # noqa: E402
 from vigil import paths  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-ALL_FAMILIES = ("rules", "provenance", "minilm", "drift", "likelihood")
+ALL_FAMILIES = ("rules", "injection", "provenance", "minilm", "drift", "likelihood")
 
 
 def say(msg: str) -> None:
@@ -125,6 +125,57 @@ FEATURES: dict[str, tuple[int, Callable[[Corpus], np.ndarray], float, str]] = {
     "drift": (1, drift_features, 0.1, "L1 task drift: Gemma hidden-state deltas"),
     "likelihood": (1, likelihood_features, 1.0, "L1 task-masked action likelihood under Gemma"),
 }
+
+
+def injection_families(corpus: Corpus) -> list[Family]:
+    """The MIL chunk detector (``worldmodel.relational.InjectionDetector``) refitted per
+    fold on the ``injected`` flags: does the newest observation (``injection_now``) or any
+    earlier one the step's history shows (``injection_seen``) carry instructions?"""
+    from worldmodel.encoders import TextEncoder
+    from worldmodel.features import chunks
+    from worldmodel.relational import InjectionDetector
+
+    piece_id: dict[str, int] = {}
+    obs_pieces: dict[str, list[int]] = {}
+
+    def pieces_of(text: str) -> list[int]:
+        if text not in obs_pieces:
+            ids = []
+            for p in chunks(text):
+                ids.append(piece_id.setdefault(p, len(piece_id)))
+            obs_pieces[text] = ids
+        return obs_pieces[text]
+
+    now = [pieces_of(st.step.observation.text) for st in corpus.steps]
+    seen = [sorted({i for h in st.history for i in pieces_of(h.observation.text)})
+            for st in corpus.steps]
+    enc = TextEncoder(cache_dir=paths.text_cache())
+    t0 = time.perf_counter()
+    emb = enc.encode(list(piece_id))
+    enc.save()
+    say(f"injection: {len(piece_id)} observation pieces encoded in "
+        f"{time.perf_counter() - t0:.0f} s")
+
+    fitted: dict[bytes, Any] = {}  # both families share one fit per set of rows
+
+    def fit(idx: np.ndarray, c: Corpus) -> Any:
+        key = hashlib.sha1(np.asarray(idx).tobytes()).digest()
+        if key not in fitted:
+            fitted[key] = InjectionDetector(epochs=150).fit(
+                emb, [now[i] for i in idx], c.injected[idx])
+        return fitted[key]
+
+    def score_now(model: Any, idx: np.ndarray) -> np.ndarray:
+        return np.asarray(model.score(emb, [now[i] for i in idx]))
+
+    def score_seen(model: Any, idx: np.ndarray) -> np.ndarray:
+        s = np.asarray(model.score(emb, [seen[i] for i in idx]))
+        return np.where([bool(seen[i]) for i in idx], s, -10.0)
+
+    return [Family("injection_now", 0, fit, score_now,
+                   "MIL chunk detector on the newest observation (fitted on injected flags)"),
+            Family("injection_seen", 0, fit, score_seen,
+                   "the same detector over the observations of the step's history")]
 
 
 def tfidf_family(corpus: Corpus) -> Family:
@@ -219,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     families: list[Family] = []
     skipped: dict[str, str] = {}
     for name in args.families.split(","):
+        if name == "injection":
+            families.extend(injection_families(corpus))
+            continue
         tier, fn, C, doc = FEATURES[name]
         try:
             X = cached(name, corpus, lambda fn=fn: fn(corpus))

@@ -44,13 +44,15 @@ class Corpus:
     weak: np.ndarray  # bool: only the trajectory is labelled
     bag: np.ndarray  # trajectory id per step
     group: np.ndarray  # what must not straddle a split (user task, ToolEmu case)
+    injected: np.ndarray  # int: the newest observation carries injected instructions
 
     def __len__(self) -> int:
         return len(self.steps)
 
     def subset(self, idx: np.ndarray) -> Corpus:
         return Corpus([self.steps[i] for i in idx], self.domain[idx], self.split[idx],
-                      self.label[idx], self.weak[idx], self.bag[idx], self.group[idx])
+                      self.label[idx], self.weak[idx], self.bag[idx], self.group[idx],
+                      self.injected[idx])
 
 
 def load_corpus(
@@ -68,12 +70,13 @@ def load_corpus(
     from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_transitions
 
-    rows: list[tuple[Any, str, str, int, bool, str, str]] = []
+    rows: list[tuple[Any, str, str, int, bool, str, str, int]] = []
     for d in datasets:
         for t in read_transitions(d, list(splits)):
             weak = (t.meta or {}).get("label_level") == "trajectory"
             rows.append((screen_step_of_transition(t, Path(d)), domain_of(t), t.split,
-                         int(t.label), weak, t.trajectory_id, t.group or t.trajectory_id))
+                         int(t.label), weak, t.trajectory_id, t.group or t.trajectory_id,
+                         int(t.injected)))
     limits = limits or {}
     rng = np.random.default_rng(seed)
     keep: list[int] = []
@@ -105,6 +108,7 @@ def load_corpus(
         weak=np.array([r[4] for r in rows], dtype=bool),
         bag=np.array([r[5] for r in rows], dtype=object),
         group=np.array([r[6] for r in rows], dtype=object),
+        injected=np.array([r[7] for r in rows], dtype=int),
     )
 
 
