@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         broker,
         dashboards,
         probes,
+        provenance,
         report,
         rlhealth,
         screen,
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     broker.add_parser(sub)
     worldmodel.add_parser(sub)
+    provenance.add_parser(sub)
     probes.add_parser(sub)
     rlhealth.add_parser(sub)
     screen.add_parser(sub)
