@@ -147,6 +147,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_drift(args: argparse.Namespace) -> int:
+    from probes.drift import DriftTemplate, train_drift
+    from vigil.lm import load_language_model, parse_layers
+
+    out = Path(args.out) if args.out else vigil.paths.bundle("drift")
+    lm = load_language_model(args.model_path, threads=args.threads, dtype=args.dtype)
+    template = DriftTemplate(history=args.history, obs_tokens=args.obs_tokens)
+    bundle = train_drift(
+        lm,
+        args.data or vigil.paths.dataset("agentdojo"),
+        out,
+        limit=args.limit,
+        template=template,
+        layers=parse_layers(args.layers, lm.num_layers),
+        cache_dir=args.cache or vigil.paths.probe_cache(),
+        batch_tokens=args.batch_tokens,
+    )
+    folds = ", ".join(f"{k} {v:.3f}" for k, v in bundle.lodo["auroc_by_domain"].items())
+    print(f"wrote {out} (layers {bundle.layers}, C={bundle.C:g}; LODO AUROC {folds})")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
@@ -207,7 +229,7 @@ def _common(p: argparse.ArgumentParser, *, model: bool = True) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    """Add ``probes`` (extract, train, eval, serve-embeddings) to the ``monitor`` command line."""
+    """Add ``probes`` (extract, train, eval, train-drift, serve-embeddings) to ``monitor``."""
     p = sub.add_parser(
         "probes",
         help="capture activations, train and evaluate the L1 linear probes",
@@ -216,6 +238,7 @@ def add_parser(sub: Any) -> None:
         "  monitor probes train --layers all --out $VIGIL_HOME/models/probes\n"
         "  monitor probes eval --splits test_slack --out bench/results/probes_eval.json\n"
         "  monitor probes serve-embeddings --port 8000 --layer 9\n"
+        "  monitor probes train-drift --limit 1500\n"
         "  monitor probes train --endpoint http://127.0.0.1:8000/v1 \\\n"
         "      --endpoint-model gemma-3-270m@gguf-q4_k_m:L9-mean --out /tmp/probes-endpoint\n"
         "  monitor probes train --from-records --data DATA_WITH_META_ACTIVATIONS",
@@ -267,6 +290,29 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--limit", type=int, help="a deterministic subsample of N steps per split")
     e.add_argument("--out", help="write the metrics as JSON here")
     e.set_defaults(fn=cmd_eval)
+
+    d = psub.add_parser(
+        "train-drift",
+        help="fit the task-drift probe (TaskTracker) and write its bundle",
+        description="For each train/val step, Gemma reads the task and earlier context with and "
+        "without the newest observation; a logistic probe on the difference of the last-token "
+        "states predicts an injected observation. Layers and C are chosen by "
+        "leave-one-domain-out over the training suites; writes BUNDLE/drift.json.",
+        epilog="examples:\n  monitor probes train-drift\n"
+        "  monitor probes train-drift --limit 1500 --out /tmp/drift",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d.add_argument("--data", help="transition dataset (default: $VIGIL_HOME/data/agentdojo)")
+    d.add_argument("--out", help="bundle folder (default: $VIGIL_HOME/models/drift)")
+    d.add_argument("--limit", type=int, help="a deterministic subsample of N train/val steps")
+    d.add_argument("--layers", help="layers to consider: 'all' (default), '4,6,8' or '2-10'")
+    d.add_argument("--model-path", help="a local Hugging Face causal-LM folder (default: Gemma)")
+    d.add_argument("--cache", help="prompt-state cache (default: $VIGIL_HOME/cache/probes)")
+    d.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per batch")
+    d.add_argument("--history", type=int, default=1, help="earlier (observation, action) pairs")
+    d.add_argument("--obs-tokens", type=int, default=192, help="newest observation budget")
+    _model_options(d)
+    d.set_defaults(fn=cmd_train_drift)
 
     v = psub.add_parser(
         "serve-embeddings",
