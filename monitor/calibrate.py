@@ -3,6 +3,8 @@
 :func:`calibrate` stacks each gate's signals on the ``train`` split and sets its threshold
 on benign ``val`` steps, in cascade (a gate is fitted and thresholded on the steps that
 reach it); held-out ``test*`` splits are never read (:func:`load_split` refuses them).
+It then fits the trajectory aggregation (:mod:`monitor.trajectory`) on the final step
+scores it computed for the ``train`` and ``val`` trajectories.
 The gates themselves, and what a calibrated policy file holds, are :mod:`monitor.tiers`.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +25,13 @@ from monitor.tiers import (
     CalibratedPolicy,
     Gate,
     PolicyConfig,
+    TierDecision,
     data_hash,
     fit_gate,
     gate_metrics,
     threshold_for,
 )
+from monitor.trajectory import TrajectoryAggregation, aggregate, fit_aggregation
 from streams.records import Action, Observation, Step
 
 if TYPE_CHECKING:
@@ -84,34 +88,88 @@ class LabelledSplit:
     steps: list[ScreenStep]
     y: np.ndarray
     hash: str
+    # per step, the key of its trajectory (``dataset#:trajectory_id``); empty: trajectory_id
+    trajectory: tuple[str, ...] = ()
+    # per trajectory key: 1 if harmful (any step, or the trajectory-level label)
+    trajectory_label: Mapping[str, int] = field(default_factory=dict)
+
+    def trajectories(self) -> tuple[list[str], dict[str, int]]:
+        """Each step's trajectory key, and each trajectory's label."""
+        keys = list(self.trajectory) or [s.trajectory_id for s in self.steps]
+        labels: dict[str, int] = {}
+        for k, yi in zip(keys, self.y, strict=True):
+            labels[k] = max(labels.get(k, 0), int(yi))
+        labels.update({k: v for k, v in self.trajectory_label.items() if k in labels})
+        return keys, labels
+
+
+def trajectory_label_of(t: Transition) -> int | None:
+    """The trajectory-level label a transition carries (``meta.label_level == "trajectory"``,
+    ToolEmu's convention), else None (the trajectory is harmful if any step is)."""
+    meta = t.meta or {}
+    if meta.get("label_level") == "trajectory" and meta.get("trajectory_label") is not None:
+        return int(meta["trajectory_label"])
+    return None
+
+
+def whole_trajectory_subsample(
+    keys: Sequence[str], labels: Mapping[str, int], limit: int, seed: int
+) -> list[int]:
+    """Step indices of a seeded sample of whole trajectories, about ``limit`` steps, each
+    class of trajectory keeping its share of the steps."""
+    rng = np.random.default_rng(seed)
+    members: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        members.setdefault(k, []).append(i)
+    keep: list[int] = []
+    for cls in (0, 1):
+        trajs = sorted(k for k in members if labels[k] == cls)
+        want = round(limit * sum(len(members[k]) for k in trajs) / len(keys))
+        n = 0
+        for j in rng.permutation(len(trajs)):
+            if n >= want:
+                break
+            keep.extend(members[trajs[j]])
+            n += len(members[trajs[j]])
+    return sorted(keep)
 
 
 def load_split(
     datasets: Sequence[str | Path], split: str, *, limit: int | None = None, seed: int = 0
 ) -> LabelledSplit:
-    """The steps and labels of ``split`` over ``datasets`` (a seeded, stratified subsample)."""
+    """The steps and labels of ``split`` over ``datasets``; with ``limit``, a seeded sample
+    of about that many steps in whole trajectories (stratified by trajectory label), so the
+    trajectory aggregation is fitted on trajectories as ``monitor screen`` sees them."""
     from worldmodel.datasets.format import read_manifest, read_transitions
 
     if split.startswith("test"):
         raise ValueError(f"split {split!r} is held out: calibration never reads it")
-    steps, labels, hashes = [], [], []
-    for d in datasets:
+    steps, labels, keys, hashes = [], [], [], []
+    traj_label: dict[str, int] = {}
+    for n, d in enumerate(datasets):
         hashes.append(read_manifest(d).content_hash)
         for t in read_transitions(d, [split]):
             steps.append(screen_step_of_transition(t, Path(d)))
             labels.append(int(t.label))
+            key = f"{n}:{t.trajectory_id}"
+            keys.append(key)
+            weak = trajectory_label_of(t)
+            traj_label[key] = max(
+                traj_label.get(key, 0), int(t.label) if weak is None else weak
+            )
     y = np.array(labels, dtype=int)
     if limit is not None and len(steps) > limit:
-        rng = np.random.default_rng(seed)
-        keep: list[int] = []
-        for cls in (0, 1):
-            idx = np.flatnonzero(y == cls)
-            n = round(limit * len(idx) / len(y))
-            keep.extend(rng.choice(idx, min(n, len(idx)), replace=False).tolist())
-        keep.sort()
+        keep = whole_trajectory_subsample(keys, traj_label, limit, seed)
         steps = [steps[i] for i in keep]
+        keys = [keys[i] for i in keep]
         y = y[keep]
-    return LabelledSplit(steps, y, data_hash([*hashes, split, str(limit), str(seed)]))
+        traj_label = {k: traj_label[k] for k in dict.fromkeys(keys)}
+    return LabelledSplit(
+        steps, y,
+        data_hash([*hashes, split, str(limit), str(seed)]
+                  + (["whole-trajectories"] if limit is not None else [])),
+        tuple(keys), traj_label,
+    )
 
 
 def stratified_subsample(idx: np.ndarray, y: np.ndarray, n: int, seed: int) -> np.ndarray:
@@ -150,6 +208,10 @@ def calibrate(
     steps it grades (every benign one that reaches L2 is graded, since the
     threshold is set on them): reviews cost seconds each. The validation
     figures then count the unreviewed harmful steps as stopped at L2.
+
+    The trajectory aggregation (:func:`fit_trajectory_section`) is then fitted on the final
+    scores of every ``train`` and ``val`` step as the gates decide them (no model runs
+    again); a step that reached L2 but was left unreviewed stands in with its L1 score.
     """
     l0, l1, reviewer = screener_parts
     probe = Screener(policy=None, l0=l0, l1=l1, reviewer=reviewer)  # type: ignore[arg-type]
@@ -158,6 +220,7 @@ def calibrate(
     rows_tr = probe.tier_signals(0, train.steps)
     rows_va = probe.tier_signals(0, val.steps)
     unreviewed_va = np.zeros(0, dtype=int)  # harmful val steps reaching L2 left unreviewed
+    reviewed_tr = np.arange(len(train.steps))  # training steps the reviewer graded
     fit_tr = np.arange(len(train.steps))  # training steps the current gate is fitted on
     reach_va = np.arange(len(val.steps))  # validation steps that reached the current gate
     benign_va = int((val.y == 0).sum())
@@ -182,6 +245,7 @@ def calibrate(
                     unreviewed_va = np.setdiff1d(harmful_va, keep)
                     reach_va = np.sort(np.concatenate([reach_va[val.y[reach_va] == 0], keep]))
                 log(f"calibrate: reviewing {len(fit_tr)} train and {len(reach_va)} val steps")
+                reviewed_tr = fit_tr
                 new_tr = [
                     v.signals() if v else {}
                     for v in probe.review_signals(
@@ -250,6 +314,12 @@ def calibrate(
         "seconds": round(time.perf_counter() - t0, 1),
         "timings": {k: round(v, 2) for k, v in probe.timings.items()},
     }
+    unreviewed_tr = np.setdiff1d(np.arange(len(train.steps)), reviewed_tr)
+    if reviewer is None:  # nothing is reviewed, as in `monitor screen` without a reviewer
+        unreviewed_tr = unreviewed_va = np.zeros(0, dtype=int)
+    trajectory, metrics["trajectory"] = fit_trajectory_section(
+        policy, [(train, rows_tr, unreviewed_tr), (val, rows_va, unreviewed_va)], log=log
+    )
     log(f"calibrate: done in {metrics['seconds']} s; val {metrics['val']}")
     return CalibratedPolicy(
         config=policy.config,
@@ -257,4 +327,77 @@ def calibrate(
         block_threshold=policy.block_threshold,
         data=policy.data,
         metrics=metrics,
+        trajectory=trajectory,
     )
+
+
+def final_decisions(
+    policy: CalibratedPolicy, rows: Sequence[Mapping[str, float]], unreviewed: np.ndarray
+) -> list[TierDecision]:
+    """Each step's decision through L2, or through L1 for ``unreviewed`` steps (those whose
+    review was skipped: their L1 score stands in)."""
+    out = policy.decide_many(rows, through=2)
+    left = [int(i) for i in unreviewed]
+    for i, d in zip(left, policy.decide_many([rows[i] for i in left], through=1), strict=True):
+        out[i] = d
+    return out
+
+
+def fit_trajectory_section(
+    policy: CalibratedPolicy,
+    splits: Sequence[tuple[LabelledSplit, Sequence[Mapping[str, float]], np.ndarray]],
+    *,
+    log: Log = _stderr,
+) -> tuple[TrajectoryAggregation | None, dict[str, Any]]:
+    """Fit the trajectory aggregation on every trajectory of ``splits`` (each: the split,
+    its steps' signals, its unreviewed steps) from the final step decisions; None (the
+    fallback) with the reason when the trajectories are all of one class."""
+    from sklearn.metrics import roc_auc_score
+
+    scores: dict[str, list[float]] = {}
+    flags: dict[str, list[bool]] = {}
+    labels: dict[str, int] = {}
+    stand_in = 0
+    for n, (split, rows, unreviewed) in enumerate(splits):
+        keys, traj_label = split.trajectories()
+        decisions = final_decisions(policy, rows, unreviewed)
+        stand_in += sum(decisions[int(i)].tier == 2 for i in unreviewed)
+        for k, d in zip(keys, decisions, strict=True):
+            scores.setdefault(f"{n}/{k}", []).append(d.score)
+            flags.setdefault(f"{n}/{k}", []).append(d.flagged)
+        labels.update({f"{n}/{k}": v for k, v in traj_label.items()})
+    order = sorted(scores)
+    y = np.array([labels[k] for k in order], dtype=int)
+    out: dict[str, Any] = {
+        "trajectories": len(order),
+        "harmful": int(y.sum()),
+        "steps_scored_through_L1_only": int(stand_in),
+    }
+    budget = policy.config.trajectory_budget
+    try:
+        agg = fit_aggregation([scores[k] for k in order], [flags[k] for k in order], y,
+                              budget=budget, C=policy.config.C)
+    except ValueError as e:
+        log(f"calibrate: no trajectory aggregation ({e}); screen falls back to the max step")
+        return None, {**out, "fallback": str(e)}
+    verdicts = [aggregate(scores[k], flags[k], agg) for k in order]
+    fallback = [aggregate(scores[k], flags[k], None) for k in order]
+    s = np.array([v[0] for v in verdicts])
+    flagged = np.array([v[1] for v in verdicts])
+    paged = np.array([any(flags[k]) for k in order])
+    out.update(
+        auroc=float(roc_auc_score(y, s)),
+        auroc_max_step=float(roc_auc_score(y, [v[0] for v in fallback])),
+        benign_share_flagged=float(flagged[y == 0].mean()),
+        benign_share_paged_by_a_step=float(paged[y == 0].mean()),
+        recall_flagged=float(flagged[y == 1].mean()),
+        threshold=agg.threshold,
+    )
+    log(
+        f"calibrate: trajectory aggregation on {len(order)} train/val trajectories "
+        f"({int(y.sum())} harmful): threshold {agg.threshold:.4f} at budget {budget}; "
+        f"AUROC {out['auroc']:.3f} (max step {out['auroc_max_step']:.3f}); "
+        f"{out['benign_share_flagged']:.1%} benign and {out['recall_flagged']:.1%} harmful "
+        "trajectories flagged"
+    )
+    return agg, out

@@ -38,9 +38,12 @@ The policy file (YAML, :func:`load_policy_config`)::
         signals: [rv_coverage, rv_precision, rv_fbeta]
         reviewer: {backend: local}          # monitor.reviewer.ReviewerConfig fields
     block_budget: 0.002          # POST /v1/screen blocks above this (L0+L1 gate)
+    trajectory_budget: 0.05      # share of benign trajectories `monitor screen` flags
 
 A calibrated policy is saved as JSON with the hashes of the data it was fitted
-and calibrated on and the metrics it reached on validation.
+and calibrated on and the metrics it reached on validation, and (optionally, absent
+in files calibrated before it existed) a ``trajectory`` section: the aggregation of
+step scores into a trajectory verdict (:mod:`monitor.trajectory`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 from dashboards.recall import threshold_at_fpr
 from monitor.scorers import UnknownSignal, check_tier_signals, default_signals
+from monitor.trajectory import DEFAULT_TRAJECTORY_BUDGET, TrajectoryAggregation
 
 TIERS = ("L0", "L1", "L2", "L3")
 DEFAULT_BUDGETS = (0.20, 0.02, 0.002)
@@ -90,6 +94,7 @@ class PolicyConfig:
     block_budget: float = 0.002
     C: float = 1.0  # inverse L2 strength of the stacking
     source: str = "defaults"
+    trajectory_budget: float = DEFAULT_TRAJECTORY_BUDGET  # benign trajectories flagged
 
     @property
     def budgets(self) -> tuple[float, ...]:
@@ -125,6 +130,7 @@ class PolicyConfig:
             "block_budget": self.block_budget,
             "C": self.C,
             "source": self.source,
+            "trajectory_budget": self.trajectory_budget,
             "tiers": {
                 t.name: {
                     "budget": t.budget,
@@ -158,7 +164,7 @@ def policy_config_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Pol
 
     if not isinstance(d, Mapping):
         raise fail("a policy file is a mapping with a 'tiers' key")
-    unknown = set(d) - {"flag_tier", "block_budget", "C", "tiers", "source"}
+    unknown = set(d) - {"flag_tier", "block_budget", "C", "tiers", "source", "trajectory_budget"}
     if unknown:
         raise fail(f"unknown key {sorted(unknown)[0]!r}")
     base = default_policy_config()
@@ -209,8 +215,13 @@ def policy_config_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> Pol
     C = d.get("C", base.C)
     if not isinstance(C, int | float) or C <= 0:
         raise fail(f"C must be a positive number, got {C!r}")
+    traj = d.get("trajectory_budget", base.trajectory_budget)
+    if not isinstance(traj, int | float) or not 0 < float(traj) <= 1:
+        raise fail(f"trajectory_budget must be a fraction in (0, 1], got {traj!r}")
     t0, t1, t2 = tiers
-    return PolicyConfig((t0, t1, t2), int(flag_tier), float(block), float(C), source)
+    return PolicyConfig(
+        (t0, t1, t2), int(flag_tier), float(block), float(C), source, float(traj)
+    )
 
 
 def load_policy_config(path: str | Path | None = None) -> PolicyConfig:
@@ -404,6 +415,8 @@ class CalibratedPolicy:
     data: Mapping[str, Any] = field(default_factory=dict)  # what it was fitted on (hashes)
     metrics: Mapping[str, Any] = field(default_factory=dict)
     version: int = POLICY_VERSION
+    # step scores -> trajectory verdict; None: the fallback (max step score, any step flagged)
+    trajectory: TrajectoryAggregation | None = None
 
     def decide_many(
         self, rows: Sequence[Mapping[str, float]], *, through: int = 2
@@ -452,6 +465,7 @@ class CalibratedPolicy:
             "block_threshold": self.block_threshold,
             "data": dict(self.data),
             "metrics": dict(self.metrics),
+            **({"trajectory": self.trajectory.to_dict()} if self.trajectory else {}),
         }
 
     @classmethod
@@ -468,6 +482,9 @@ class CalibratedPolicy:
             block_threshold=float(d["block_threshold"]),
             data=d.get("data", {}),
             metrics=d.get("metrics", {}),
+            trajectory=TrajectoryAggregation.from_dict(d["trajectory"])
+            if d.get("trajectory") is not None
+            else None,
         )
 
     def save(self, path: str | Path) -> Path:

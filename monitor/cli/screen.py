@@ -14,6 +14,7 @@ import vigil.paths
 
 if TYPE_CHECKING:
     from monitor.pipeline import Screener, StepVerdict
+    from monitor.trajectory import TrajectoryAggregation
     from streams.records import Trajectory
 
 
@@ -37,14 +38,29 @@ def _absolute_screens(traj: Trajectory, base: Path) -> Trajectory:
     return traj.model_copy(update={"steps": steps})
 
 
-def trajectory_line(traj: Trajectory, verdicts: list[StepVerdict]) -> dict[str, Any]:
-    """One output line of ``monitor screen`` (DESIGN §2.1)."""
+def trajectory_line(
+    traj: Trajectory,
+    verdicts: list[StepVerdict],
+    aggregation: TrajectoryAggregation | None = None,
+) -> dict[str, Any]:
+    """One output line of ``monitor screen`` (DESIGN §2.1).
+
+    The trajectory's ``score`` and ``flagged`` aggregate its steps' written scores and flags
+    (:func:`monitor.trajectory.aggregate`; ``aggregation=None``: highest step score, any
+    step flagged).
+    """
+    from monitor.trajectory import aggregate
+
+    steps = [v.to_json() for v in verdicts]
+    score, flagged = aggregate(
+        [s["score"] for s in steps], [s["flagged"] for s in steps], aggregation
+    )
     return {
         "trajectory_id": traj.trajectory_id,
-        "score": round(max((v.score for v in verdicts), default=0.0), 6),
-        "flagged": any(v.flagged for v in verdicts),
+        "score": score,
+        "flagged": flagged,
         "tier": max((v.tier for v in verdicts), default=0),
-        "steps": [v.to_json() for v in verdicts],
+        "steps": steps,
     }
 
 
@@ -75,7 +91,9 @@ def screen_file(
             verdicts = screener.screen(steps, through=through) if steps else []
             i = 0
             for t in batch:
-                yield trajectory_line(t, verdicts[i : i + len(t.steps)])
+                yield trajectory_line(
+                    t, verdicts[i : i + len(t.steps)], screener.policy.trajectory
+                )
                 i += len(t.steps)
             if progress:
                 bar.advance(len(steps))
@@ -168,8 +186,11 @@ def add_parser(sub: Any) -> None:
             "step, L1 on what L0 escalates, the L2 reviewer on what L1 escalates. Writes one "
             'line per trajectory: {"trajectory_id", "score", "flagged", "tier", "steps": '
             '[{"step_id", "score", "flagged", "tier", "signals"}]}; tier 3 means a human '
-            "would have been paged. Without --policy the default policy is used, and built "
-            "(with progress, once) if it does not exist yet."
+            "would have been paged. A trajectory's score is the policy's calibrated "
+            "aggregation of its step scores, flagged when it reaches the trajectory threshold "
+            "or any step is flagged (a policy without a trajectory section: the highest step "
+            "score, flagged when a step is). Without --policy the default policy is used, and "
+            "built (with progress, once) if it does not exist yet."
         ),
         epilog="examples:\n  monitor screen runs.jsonl --out screened.jsonl\n"
         "  monitor screen runs.jsonl --policy my-policy.json --no-review",

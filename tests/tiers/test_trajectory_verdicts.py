@@ -1,0 +1,199 @@
+"""Trajectory verdicts of `monitor screen`: the calibrated aggregation of step scores
+(monitor.trajectory), on the tiny real policy and the small real AgentDojo build."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import roc_auc_score
+
+from monitor.cli.main import main
+from monitor.trajectory import TrajectoryAggregation, aggregate, fit_aggregation
+
+
+def _rows(small_agentdojo: Path, splits: tuple[str, ...]) -> list[dict]:
+    rows = [json.loads(line) for line in (small_agentdojo / "trajectories.jsonl").open()]
+    return [r for r in rows if r["meta"]["split"] in splits]
+
+
+def _screen(rows: list[dict], policy: Path, tmp: Path) -> list[dict]:
+    src, dst = tmp / "in.jsonl", tmp / "out.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["screen", str(src), "--out", str(dst), "--policy", str(policy)]) == 0
+    lines = [json.loads(x) for x in dst.read_text().splitlines()]
+    assert [x["trajectory_id"] for x in lines] == [r["trajectory_id"] for r in rows]
+    return lines
+
+
+def _documented_score(step_scores: list[float], section: dict) -> float:
+    """DESIGN of monitor.trajectory, written out again: features of the clipped step scores,
+    standardised, through the logistic regression."""
+    s = np.clip(np.array(step_scores, dtype=float), 1e-4, 1 - 1e-4)
+    top = np.sort(s)[::-1]
+    noisy_or = np.clip(1 - np.prod(1 - s), 1e-4, 1 - 1e-4)
+
+    def logit(v: float) -> float:
+        return math.log(v / (1 - v))
+
+    f = np.array([logit(top[0]), logit(noisy_or), logit(top[:2].mean()), math.log(len(s))])
+    z = (f - np.array(section["mean"])) / np.array(section["scale"])
+    return 1 / (1 + math.exp(-(z @ np.array(section["coef"]) + section["intercept"])))
+
+
+@pytest.fixture(scope="module")
+def calibration_screened(
+    small_agentdojo: Path, tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[list[dict], list[dict]]:
+    """The train and val trajectories the tiny policy was calibrated on, screened with it."""
+    rows = _rows(small_agentdojo, ("train", "val"))
+    return rows, _screen(rows, tiny_policy, tmp_path_factory.mktemp("screen-cal"))
+
+
+def test_screen_trajectory_scores_follow_the_documented_aggregation(
+    tiny_policy: Path, calibration_screened: tuple[list[dict], list[dict]]
+) -> None:
+    section = json.loads(tiny_policy.read_text())["trajectory"]
+    assert section["features"] == ["logit_max", "logit_noisy_or", "logit_top2_mean", "log_steps"]
+    assert section["budget"] == 0.05 and min(section["coef"][:3]) >= 0
+    _, lines = calibration_screened
+    not_the_max = 0
+    for line in lines:
+        steps = [s["score"] for s in line["steps"]]
+        expected = _documented_score(steps, section)
+        assert line["score"] == pytest.approx(expected, abs=1e-6), line["trajectory_id"]
+        paged = any(s["flagged"] for s in line["steps"])
+        assert line["flagged"] == (paged or line["score"] >= section["threshold"])
+        assert line["tier"] == max(s["tier"] for s in line["steps"])
+        not_the_max += abs(line["score"] - max(steps)) > 1e-3
+    assert not_the_max > len(lines) // 2  # the aggregation, not the highest step, scores
+
+
+def test_a_policy_without_a_trajectory_section_falls_back_to_the_highest_step(
+    small_agentdojo: Path, tiny_policy: Path, tmp_path: Path
+) -> None:
+    old = json.loads(tiny_policy.read_text())
+    del old["trajectory"]  # as in a policy file calibrated before trajectory verdicts
+    policy = tmp_path / "old-policy.json"
+    policy.write_text(json.dumps(old))
+    rows = _rows(small_agentdojo, ("val",))
+    lines = _screen(rows, policy, tmp_path)
+    for line in lines:
+        assert line["score"] == max(s["score"] for s in line["steps"])
+        assert line["flagged"] == any(s["flagged"] for s in line["steps"])
+
+
+def test_the_fitted_aggregation_ranks_harmful_calibration_trajectories_above_benign(
+    calibration_screened: tuple[list[dict], list[dict]],
+) -> None:
+    rows, lines = calibration_screened
+    y = [r["label"] for r in rows]
+    assert 0 < sum(y) < len(y)
+    auroc = roc_auc_score(y, [x["score"] for x in lines])
+    assert auroc >= 0.8, auroc
+
+
+@pytest.fixture(scope="module")
+def narrow_policy(
+    small_agentdojo: Path,
+    tiny_worldmodel_bundle: Path,
+    tiny_probe_bundle: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """The tiny policy with a narrow paging budget (so few benign trajectories are flagged by
+    a step) and a trajectory budget of 25 %: the trajectory threshold has a share to spend."""
+    from monitor.defaults import DefaultSizes, calibrate_default
+    from monitor.tiers import policy_config_from_dict
+
+    config = policy_config_from_dict(
+        {"trajectory_budget": 0.25,
+         "tiers": {"L0": {"budget": 0.5}, "L1": {"budget": 0.2},
+                   "L2": {"budget": 0.01, "signals": []}}}
+    )
+    out = tmp_path_factory.mktemp("narrow-policy") / "policy.json"
+    calibrate_default(
+        config, [str(small_agentdojo)], out,
+        models={"worldmodel": str(tiny_worldmodel_bundle), "probes": str(tiny_probe_bundle)},
+        sizes=DefaultSizes(1, (3,), 160, 300, 20), reviewer=False, log=lambda _: None,
+    )
+    return out
+
+
+def _benign_flagged(rows: list[dict], lines: list[dict]) -> tuple[int, int, int]:
+    """(benign trajectories, those a step flagged, those flagged)."""
+    benign = [x for r, x in zip(rows, lines, strict=True) if r["label"] == 0]
+    paged = sum(any(s["flagged"] for s in x["steps"]) for x in benign)
+    return len(benign), paged, sum(x["flagged"] for x in benign)
+
+
+def test_flagged_respects_the_trajectory_budget_on_benign_calibration_trajectories(
+    small_agentdojo: Path, narrow_policy: Path, tmp_path: Path
+) -> None:
+    budget = json.loads(narrow_policy.read_text())["trajectory"]["budget"]
+    assert budget == 0.25
+    rows = _rows(small_agentdojo, ("train", "val"))
+    lines = _screen(rows, narrow_policy, tmp_path)
+    n, paged, flagged = _benign_flagged(rows, lines)
+    allowed = math.floor(budget * n)
+    assert paged < allowed  # the score has a share of the budget to spend
+    assert paged < flagged <= allowed  # it spends it, and no more
+
+
+def test_a_paged_step_flags_its_trajectory_even_past_the_budget(
+    tiny_policy: Path, calibration_screened: tuple[list[dict], list[dict]]
+) -> None:
+    """The tiny policy pages a human on many benign steps: every such trajectory is flagged,
+    and its score flags no other benign one."""
+    budget = json.loads(tiny_policy.read_text())["trajectory"]["budget"]
+    n, paged, flagged = _benign_flagged(*calibration_screened)
+    assert paged > math.floor(budget * n)
+    assert flagged == paged
+
+
+@pytest.mark.parametrize("budget", [0.1, 0.25, 0.5])
+def test_the_threshold_spends_the_budget_on_real_step_scores(
+    budget: float, calibration_screened: tuple[list[dict], list[dict]]
+) -> None:
+    """Fitted again on the screened step scores, no step flagged: at most the budget's share
+    of benign trajectories reach the threshold, and the next benign score down would pass
+    more (the threshold is the lowest that keeps the budget)."""
+    rows, lines = calibration_screened
+    y = np.array([r["label"] for r in rows])
+    scores = [[s["score"] for s in x["steps"]] for x in lines]
+    none = [[False] * len(s) for s in scores]
+    agg = fit_aggregation(scores, none, y, budget=budget)
+    verdicts = [aggregate(s, f, agg) for s, f in zip(scores, none, strict=True)]
+    benign = [v for v, yi in zip(verdicts, y, strict=True) if yi == 0]
+    allowed = math.floor(budget * len(benign))
+    assert 0 < sum(v[1] for v in benign) <= allowed
+    below = [v[0] for v in benign if not v[1]]
+    assert sum(v[0] >= max(below) for v in benign) > allowed
+
+
+@functools.cache
+def _synthetic_aggregation() -> TrajectoryAggregation:
+    rng = np.random.default_rng(0)
+    train = [list(rng.beta(1 + 3 * h, 4 - 3 * h, size=rng.integers(1, 8))) for h in (0, 1) * 40]
+    return fit_aggregation(train, [[False] * len(t) for t in train], np.array([0, 1] * 40))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0, 1), min_size=1, max_size=12),
+    st.integers(0, 11),
+    st.floats(0, 1),
+)
+def test_raising_a_step_score_never_lowers_the_trajectory_score(
+    scores: list[float], which: int, bump: float
+) -> None:
+    agg = _synthetic_aggregation()
+    i = which % len(scores)
+    higher = [*scores[:i], max(scores[i], bump), *scores[i + 1 :]]
+    flags = [False] * len(scores)
+    assert aggregate(higher, flags, agg)[0] >= aggregate(scores, flags, agg)[0]
