@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     from monitor.cli import (
         broker,
         dashboards,
+        likelihood,
         probes,
         provenance,
         report,
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     worldmodel.add_parser(sub)
     provenance.add_parser(sub)
     probes.add_parser(sub)
+    likelihood.add_parser(sub)
     rlhealth.add_parser(sub)
     screen.add_parser(sub)
     stream.add_parser(sub)
