@@ -1,12 +1,13 @@
 """The embedded defaults: datasets, model bundles and the calibrated policy, made on first use.
 
-Everything lives under ``$VIGIL_HOME`` (the layout is :mod:`vigil.paths`): the AgentDojo
-transitions, the L0 world-model bundle, the L1 probe bundle and the calibrated tier policy
-that joins them.
+Everything lives under ``$VIGIL_HOME`` (the layout is :mod:`vigil.paths`): the corpus
+(AgentDojo with its renamed-tool and paraphrased-injection variants, ToolEmu, and for the
+full defaults MiniWoB++), the L0 world-model and argument-provenance bundles, the L1 probe
+bundle and the calibrated tier policy that joins them.
 
 :func:`prepare_defaults` builds whatever is missing, in that order, printing
 what it does; what exists is loaded, never rebuilt. ``small=True`` trains
-smaller models on fewer steps (``make demo``; minutes instead of ten).
+smaller models on fewer steps without MiniWoB++ (``make demo``; minutes instead of twenty).
 Only the ``train`` and ``val`` splits are fitted on. :func:`ensure_policy` is what the
 commands call: the policy they were given, or the default one, built on first use.
 """
@@ -36,10 +37,11 @@ class DefaultSizes:
     probe_train_limit: int
     calibrate_train_limit: int
     review_limit: int  # at most this many training steps are reviewed to fit the L2 gate
+    miniwob: bool = True  # record MiniWoB++ (headless Chromium, ~3 min) for the corpus
 
 
 FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 60)
-SMALL = DefaultSizes(3, (6,), 300, 400, 20)
+SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False)
 
 
 def ensure_policy(policy: str | Path | None = None, *, log: Log = _stderr) -> Path:
@@ -62,9 +64,11 @@ def prepare_defaults(
     """Build what is missing of the default data, models and policy; return the policy path."""
     paths = {
         "agentdojo": vigil.paths.dataset("agentdojo"),
+        "toolemu": vigil.paths.dataset("toolemu"),
         "miniwob": vigil.paths.dataset("miniwob"),
         "worldmodel": vigil.paths.worldmodel_bundle(),
         "probes": vigil.paths.probes_bundle(),
+        "provenance": vigil.paths.bundle("provenance"),
         "policy": vigil.paths.policy(),
         "text_cache": vigil.paths.text_cache(),
         "probe_cache": vigil.paths.probe_cache(),
@@ -75,16 +79,13 @@ def prepare_defaults(
         return paths["policy"]
     log(
         "vigil: preparing the default models under "
-        f"{paths['policy'].parent.parent} (once; {'a few' if small else 'about ten'} minutes)"
+        f"{paths['policy'].parent.parent} (once; {'a few' if small else 'about twenty'} minutes)"
     )
-    if not (paths["agentdojo"] / "manifest.json").exists():
-        from worldmodel.datasets.agentdojo.build import build_agentdojo
-
-        log(f"vigil: building AgentDojo transitions -> {paths['agentdojo']} (~2 min)")
-        build_agentdojo(paths["agentdojo"])
-    datasets = [str(paths["agentdojo"])]
-    if (paths["miniwob"] / "manifest.json").exists():
-        datasets.append(str(paths["miniwob"]))
+    _ensure_datasets(paths, sizes, log)
+    # the world model learns from every corpus: AgentDojo (step labels), MiniWoB++ (GUI, step
+    # labels) and ToolEmu (trajectory labels, by multiple-instance learning)
+    datasets = [str(paths[n]) for n in ("agentdojo", "toolemu", "miniwob")
+                if (paths[n] / "manifest.json").exists()]
     if not (paths["worldmodel"] / "model.pt").exists():
         from worldmodel.train import TrainConfig, train
 
@@ -98,6 +99,8 @@ def prepare_defaults(
             ),
             log=log,
         )
+    if not (paths["provenance"] / "provenance.json").exists():
+        train_default_provenance(paths["agentdojo"], paths["provenance"], log=log)
     if not (paths["probes"] / "bundle.json").exists():
         from probes.models import load_probe_model
         from probes.pipeline import train_probe
@@ -112,16 +115,72 @@ def prepare_defaults(
             train_limit=sizes.probe_train_limit,
             log=log,
         )
+    # the gates stack step-labelled data only: a ToolEmu step carries its trajectory's label
+    step_labelled = [str(paths[n]) for n in ("agentdojo", "miniwob")
+                     if (paths[n] / "manifest.json").exists()]
     calibrate_default(
         config or default_policy_config(),
-        [str(paths["agentdojo"])],
+        step_labelled,
         paths["policy"],
-        models={"worldmodel": str(paths["worldmodel"]), "probes": str(paths["probes"])},
+        models={"worldmodel": str(paths["worldmodel"]), "probes": str(paths["probes"]),
+                "provenance": str(paths["provenance"])},
         sizes=sizes,
         log=log,
     )
     log(f"vigil: defaults ready in {time.perf_counter() - t0:.0f} s ({paths['policy']})")
     return paths["policy"]
+
+
+def _ensure_datasets(paths: dict[str, Path], sizes: DefaultSizes, log: Log) -> None:
+    """Build the default corpus where missing: AgentDojo (~2 min), ToolEmu (seconds, from the
+    shipped file when it is there) and, for the full defaults, MiniWoB++ (~3 min, headless
+    Chromium)."""
+    if not (paths["agentdojo"] / "manifest.json").exists():
+        from worldmodel.datasets.agentdojo.build import build_agentdojo
+
+        log(f"vigil: building AgentDojo transitions -> {paths['agentdojo']} (~2 min)")
+        build_agentdojo(paths["agentdojo"])
+    if not (paths["toolemu"] / "manifest.json").exists():
+        from worldmodel.datasets.toolemu.build import build_toolemu, default_source
+
+        if default_source().exists():
+            log(f"vigil: building ToolEmu transitions -> {paths['toolemu']}")
+            build_toolemu(paths["toolemu"], progress=False)
+        else:
+            log(f"vigil: no ToolEmu file at {default_source()} (set $VIGIL_TOOLEMU); "
+                "training without it")
+    if sizes.miniwob and not (paths["miniwob"] / "manifest.json").exists():
+        from worldmodel.datasets.miniwob.build import build_miniwob
+
+        log(f"vigil: recording MiniWoB++ episodes in headless Chromium -> {paths['miniwob']} "
+            "(~3 min)")
+        build_miniwob(paths["miniwob"])
+
+
+def train_default_provenance(data: Path, out: Path, *, log: Log = _stderr) -> Path:
+    """Fit the argument-provenance harm model on the training splits of ``data`` (features
+    and C chosen by leave-one-suite-out) and write its bundle to ``out``."""
+    import numpy as np
+
+    from worldmodel.datasets.domains import domain_of
+    from worldmodel.datasets.format import read_transitions
+    from worldmodel.provenance import (
+        ProvenanceHarm,
+        fit_lodo,
+        provenance_features,
+        save_bundle,
+    )
+
+    ts = list(read_transitions(data, ["train", "val"]))
+    x, _ = provenance_features(ts)
+    y = np.array([t.label for t in ts], dtype=int)
+    domains = [domain_of(t) for t in ts]
+    log(f"vigil: fitting argument provenance on {len(ts)} steps -> {out}")
+    if len(set(domains)) < 2:  # nothing to leave out: the documented default model
+        model = ProvenanceHarm(C=0.1).fit(x, y)
+        return save_bundle(model, out, {"C": 0.1, "note": f"one domain {set(domains)}: no LODO"})
+    model, report = fit_lodo(x, y, domains, log=lambda _: None)
+    return save_bundle(model, out, report)
 
 
 def calibrate_default(

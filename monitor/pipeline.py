@@ -258,7 +258,7 @@ def build_parts(
         "probes": Path(chosen.get("probes") or vigil.paths.probes_bundle()),
     }
     bundles = {k: p.expanduser() for k, p in bundles.items()}
-    for name, folder in config.models().items():  # bundles of other scorers
+    for name, folder in {**config.models(), **(models or {})}.items():  # other scorers' bundles
         if name not in bundles:
             bundles[name] = Path(folder or vigil.paths.bundle(name)).expanduser()
 

@@ -108,10 +108,15 @@ def tiny_policy(
         {"tiers": {"L0": {"budget": 0.5}, "L1": {"budget": 0.2}, "L2": {"budget": 0.1,
                                                                         "signals": []}}}
     )
+    from monitor.defaults import train_default_provenance
+
+    prov = tmp_path_factory.mktemp("provenance") / "prov"
+    train_default_provenance(small_agentdojo, prov, log=lambda _: None)
     out = tmp_path_factory.mktemp("policy") / "policy.json"
     calibrate_default(
         config, [str(small_agentdojo)], out,
-        models={"worldmodel": str(tiny_worldmodel_bundle), "probes": str(tiny_probe_bundle)},
+        models={"worldmodel": str(tiny_worldmodel_bundle), "probes": str(tiny_probe_bundle),
+                "provenance": str(prov)},
         sizes=DefaultSizes(1, (3,), 160, 300, 20), reviewer=False, log=lambda _: None,
     )
     return out

@@ -28,15 +28,13 @@ class ProvenanceSignals(TierScorer):
       bundle (``monitor worldmodel train-provenance`` writes one) it is left out and the
       other two are still produced.
 
-    Outside the default policy (``in_default = False``): a policy names these signals to
-    use them.
+    In the default policy: the defaults fit its bundle (``monitor.defaults``).
     """
 
     tier = 0
     order = 30
     name = "provenance"
     signals = ("prov_harm", "prov_untraced", "prov_instructed")
-    in_default = False
 
     def __init__(self, model: ProvenanceHarm | None = None) -> None:
         self.model = model
