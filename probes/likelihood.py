@@ -428,7 +428,7 @@ def train_likelihood(
     bundle's contents.
     """
     from worldmodel.datasets.domains import TRAIN_SPLITS, domain_of
-    from worldmodel.datasets.format import read_transitions
+    from worldmodel.datasets.format import read_manifest, read_transitions
 
     say = log or _stderr
     template = template or LikelihoodTemplate()
@@ -461,7 +461,8 @@ def train_likelihood(
         "features": list(FEATURES),
         "calibration": cal.to_dict(),
         "lodo": figures,
-        "data": {"path": str(data), "splits": list(TRAIN_SPLITS), "steps": int(ok.sum()),
+        "data": {"path": str(data), "content_hash": read_manifest(data).content_hash,
+                 "splits": list(TRAIN_SPLITS), "steps": int(ok.sum()),
                  "harmful": int(y[ok].sum()), "limit": limit, "seed": seed},
         "speed": {"steps_per_s": round(stats.steps_per_s, 2), "batch_size": batch_size},
     }

@@ -26,7 +26,7 @@ from probes.likelihood import (
 )
 from streams.records import Action, Observation, Step
 from vigil.lm import LanguageModel, load_language_model
-from worldmodel.datasets.format import read_transitions
+from worldmodel.datasets.format import read_manifest, read_transitions
 
 
 @pytest.fixture(scope="module")
@@ -95,17 +95,18 @@ def test_fitted_on_one_suite_it_ranks_the_others_harmful_steps_first(bundle: Pat
         assert 0 < y[tr].sum() < tr.sum() and 0 < y[te].sum() < te.sum()
         cal = GainCalibration().fit(X[tr], y[tr])
         auc = roc_auc_score(y[te], cal.predict_proba(X[te]))
-        assert auc > 0.65, f"fitted on {fit}, AUROC on {held} = {auc:.3f}"
+        assert auc > 0.7, f"fitted on {fit}, AUROC on {held} = {auc:.3f}"
     # and the bundle's own leave-one-suite-out figures are real too
     lodo = json.loads((bundle / "bundle.json").read_text())["lodo"]["lodo_auroc"]
     assert set(lodo) == {"agentdojo/banking", "agentdojo/travel"}
     assert all(v is not None and v > 0.6 for v in lodo.values()), lodo
 
 
-def test_the_bundle_round_trips(bundle: Path, lm: LanguageModel) -> None:
+def test_the_bundle_round_trips(bundle: Path, two_suites: Path, lm: LanguageModel) -> None:
     info, template, cal = load_bundle(bundle)
     assert info["model_id"] == lm.model_id and info["model_hash"] == lm.model_hash
     assert info["template_hash"] == template.hash
+    assert info["data"]["content_hash"] == read_manifest(two_suites).content_hash
     X, _, _, _ = load_features(bundle)
     X = X[~np.isnan(X).any(1)]
     saved = json.loads((bundle / "bundle.json").read_text())["calibration"]
