@@ -50,6 +50,7 @@ from vigil import paths  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 ALL_FAMILIES = ("rules", "injection", "provenance", "minilm", "drift", "likelihood")
+DEFAULT_FAMILIES = ("rules", "injection", "provenance")
 
 
 def say(msg: str) -> None:
@@ -106,16 +107,25 @@ def provenance_features(corpus: Corpus) -> np.ndarray:
     return np.asarray(X)
 
 
-def drift_features(corpus: Corpus) -> np.ndarray:
-    from probes.drift import drift_features as feats
+DRIFT_LAYERS = (10, 11, 12)  # what `monitor probes train-drift` chose by LODO on AgentDojo
 
-    return np.asarray(feats(corpus.steps))
+
+def drift_features(corpus: Corpus) -> np.ndarray:
+    """Gemma last-token deltas (with − without the newest observation), layers 10–12."""
+    from monitor.scorers.drift import drift_features as feats
+    from vigil.lm import load_language_model
+
+    lm = load_language_model()
+    return np.asarray(feats(corpus.steps, lm, layers=DRIFT_LAYERS,
+                            cache_dir=paths.probe_cache()).columns(DRIFT_LAYERS))
 
 
 def likelihood_features(corpus: Corpus) -> np.ndarray:
-    from probes.likelihood import likelihood_features as feats
+    """log p(action | task) − log p(action | task masked) under Gemma, and its parts."""
+    from monitor.scorers.likelihood import screen_step_features
 
-    return np.asarray(feats(corpus.steps))
+    X = np.asarray(screen_step_features(corpus.steps))
+    return np.column_stack([np.nan_to_num(X), np.isnan(X).any(1)])
 
 
 FEATURES: dict[str, tuple[int, Callable[[Corpus], np.ndarray], float, str]] = {
@@ -127,13 +137,60 @@ FEATURES: dict[str, tuple[int, Callable[[Corpus], np.ndarray], float, str]] = {
 }
 
 
+class MilDetector:
+    """score(observation) = max over its pieces of w·e(piece) + b (what
+    ``worldmodel.relational.InjectionDetector`` fits), fitted on the distinct observations of
+    the rows given, with piece scores computed once per step (``e @ w``) rather than per
+    observation: the same objective, a few hundred times less work per epoch."""
+
+    def __init__(self, w: np.ndarray, b: float) -> None:
+        self.w, self.b = w, b
+
+    def score(self, emb: np.ndarray, lists: list[list[int]]) -> np.ndarray:
+        piece = emb @ self.w
+        return np.array([float(piece[c].max()) + self.b if c else self.b for c in lists])
+
+
+def fit_mil_detector(emb: np.ndarray, lists: list[list[int]], y: np.ndarray, *,
+                     epochs: int = 300, l2: float = 1e-3) -> MilDetector:
+    import torch
+
+    distinct: dict[tuple[int, ...], int] = {}
+    for c, t in zip(lists, y, strict=True):
+        if c:
+            key = tuple(c)
+            distinct[key] = max(distinct.get(key, 0), int(t))
+    obs = list(distinct)
+    target = torch.tensor([distinct[o] for o in obs], dtype=torch.float32)
+    width = max(len(o) for o in obs)
+    pad = torch.zeros(len(obs), width, dtype=torch.long)
+    mask = torch.zeros(len(obs), width, dtype=torch.bool)
+    for r, o in enumerate(obs):
+        pad[r, : len(o)] = torch.tensor(o)
+        mask[r, : len(o)] = True
+    E = torch.from_numpy(emb)
+    torch.manual_seed(0)
+    w = torch.zeros(E.shape[1], requires_grad=True)
+    b = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.Adam([w, b], lr=0.05)
+    pos = float(target.sum())
+    pw = torch.tensor(max(1.0, (len(target) - pos) / max(pos, 1.0)))
+    for _ in range(epochs):
+        s = (E @ w)[pad].masked_fill(~mask, -1e9).max(1).values + b
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(s, target, pos_weight=pw)
+        loss = loss + l2 * w.pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return MilDetector(w.detach().numpy(), float(b.detach()))
+
+
 def injection_families(corpus: Corpus) -> list[Family]:
     """The MIL chunk detector (``worldmodel.relational.InjectionDetector``) refitted per
     fold on the ``injected`` flags: does the newest observation (``injection_now``) or any
     earlier one the step's history shows (``injection_seen``) carry instructions?"""
     from worldmodel.encoders import TextEncoder
     from worldmodel.features import chunks
-    from worldmodel.relational import InjectionDetector
 
     piece_id: dict[str, int] = {}
     obs_pieces: dict[str, list[int]] = {}
@@ -156,13 +213,12 @@ def injection_families(corpus: Corpus) -> list[Family]:
     say(f"injection: {len(piece_id)} observation pieces encoded in "
         f"{time.perf_counter() - t0:.0f} s")
 
-    fitted: dict[bytes, Any] = {}  # both families share one fit per set of rows
+    fitted: dict[bytes, MilDetector] = {}  # both families share one fit per set of rows
 
     def fit(idx: np.ndarray, c: Corpus) -> Any:
-        key = hashlib.sha1(np.asarray(idx).tobytes()).digest()
+        key = hashlib.sha1(np.sort(idx).tobytes()).digest()
         if key not in fitted:
-            fitted[key] = InjectionDetector(epochs=150).fit(
-                emb, [now[i] for i in idx], c.injected[idx])
+            fitted[key] = fit_mil_detector(emb, [now[i] for i in idx], c.injected[idx])
         return fitted[key]
 
     def score_now(model: Any, idx: np.ndarray) -> np.ndarray:
@@ -184,11 +240,11 @@ def tfidf_family(corpus: Corpus) -> Family:
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
 
-    docs = np.array([f"{st.task}\n{st.step.observation.text[:4000]}\n{st.step.action.text}"
+    docs = np.array([f"{st.task}\n{st.step.observation.text[:2000]}\n{st.step.action.text}"
                      for st in corpus.steps], dtype=object)
 
     def fit(idx: np.ndarray, c: Corpus) -> Any:
-        m = make_pipeline(TfidfVectorizer(min_df=2, max_features=50000, sublinear_tf=True),
+        m = make_pipeline(TfidfVectorizer(min_df=2, max_features=20000, sublinear_tf=True),
                           LogisticRegression(C=4.0, class_weight="balanced", max_iter=2000))
         return m.fit(docs[idx].tolist(), c.label[idx])
 
@@ -248,9 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agentdojo", default=str(paths.dataset("agentdojo")))
     ap.add_argument("--toolemu", default=str(paths.dataset("toolemu")))
     ap.add_argument("--miniwob", default=str(paths.dataset("miniwob")))
-    ap.add_argument("--families", default=",".join(ALL_FAMILIES))
+    ap.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
+                    help=f"comma-separated, of {', '.join(ALL_FAMILIES)} (drift and likelihood "
+                    "run Gemma: about a step a second on two cores)")
     ap.add_argument("--slack-limit", type=int, default=3000)
     ap.add_argument("--attacks-limit", type=int, default=3000)
+    ap.add_argument("--train-limit", type=int, default=None,
+                    help="keep about this many steps (whole trajectories) of train and of val")
     ap.add_argument("--toolemu-cv", type=int, default=5)
     ap.add_argument("--out", default=str(RESULTS / "transfer.json"))
     args = ap.parse_args(argv)
@@ -263,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     say(f"datasets: {datasets}")
     corpus = load_corpus(datasets, ["train", "val", "test_slack", "test_attacks"],
                          limits={"test_slack": args.slack_limit,
-                                 "test_attacks": args.attacks_limit})
+                                 "test_attacks": args.attacks_limit,
+                                 **({"train": args.train_limit, "val": args.train_limit // 4}
+                                    if args.train_limit else {})})
     train = np.flatnonzero(np.isin(corpus.split, ["train", "val"]))
     say(f"{len(corpus)} steps; {len(train)} training; domains "
         f"{sorted(set(corpus.domain[train].tolist()))}")

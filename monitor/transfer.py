@@ -123,14 +123,25 @@ class Family:
     """One signal under the protocol: how to fit it on some rows and score others.
 
     ``tier``: where it runs (0 = every step, 1 = steps L0 escalates). Scores are any
-    monotone "higher = more harmful" value; the stack reads them standardised.
+    monotone "higher = more harmful" value; the stack reads them standardised. A fit is
+    kept per set of rows: LODO fits the same row sets many times (the inner fold that
+    leaves out E within the outer fold that leaves out D is the outer fold E's inner D).
     """
 
     name: str
     tier: int
-    fit: Fit
+    fit_rows: Fit
     score: Score
     doc: str = ""
+    _fits: dict[bytes, Any] = field(default_factory=dict, repr=False)
+
+    def fit(self, idx: np.ndarray, corpus: Corpus) -> Any:
+        import hashlib
+
+        key = hashlib.sha1(np.sort(np.asarray(idx, dtype=np.int64)).tobytes()).digest()
+        if key not in self._fits:
+            self._fits[key] = self.fit_rows(idx, corpus)
+        return self._fits[key]
 
 
 def linear_family(name: str, tier: int, X: np.ndarray, *, C: float = 1.0,
