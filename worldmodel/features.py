@@ -7,6 +7,12 @@ tables, and a batch is a gather.
 A text's cost is bounded before any model work: every text of a step is cut to
 ``MAX_TEXT_CHARS`` (with a visible marker, :func:`cut_text`), and :func:`chunks`
 stops at its ``limit``-th piece, so a 50 MB tool result costs what a 256 KB one does.
+
+Tool identity can be masked (``tabulate(..., mask_tools=True)``, the default of
+``train.TrainConfig``): every action text the model reads (the step's and its history's)
+then goes through :func:`mask_action` first, which replaces called function names with
+``tool`` and argument keys with ``arg1``, ``arg2``, ... (argument values kept), so a harm
+head cannot learn which tool was called, only what was done with what.
 """
 
 from __future__ import annotations
@@ -33,6 +39,90 @@ MAX_CHUNKS = 32
 MAX_TEXT_CHARS = 256 * 1024  # of one text (task, observation, action, result); the rest is cut
 # what str.splitlines() splits on, "\r\n" first
 _LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+TOOL_PLACEHOLDER = "tool"
+ARG_PLACEHOLDER = "arg"  # arg1, arg2, ... by first occurrence in the action
+_IDENT = r"[A-Za-z_][\w.]*"
+_CALL_HEAD = re.compile(rf"(?<![\w.])({_IDENT})\(")  # send_money(
+_REACT_ACTION = re.compile(r"^([ \t]*Action[ \t]*:[ \t]*)([^\s(]+)", re.M)  # Action: GmailSend
+_JSON_NAME = re.compile(  # {"name": "send_money", "arguments": ...}: tool-call JSON
+    rf"""(["'])(?:name|function|tool|tool_name)\1\s*:\s*(["'])({_IDENT})\2"""
+    r"""(?=\s*,\s*["'](?:arguments|parameters|args|input)["'])"""
+)
+_KWARG = re.compile(r"(?<=[(,])(\s*)([A-Za-z_]\w*)(\s*=)(?!=)")  # (recipient= , amount=
+_KEY = re.compile(r"""(["'])([A-Za-z_][\w-]*)\1(\s*:)""")  # "recipient":
+_WORD = re.compile(r"(?<![\w.])[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*")
+
+
+def _identifier_like(word: str) -> bool:
+    """A name no prose uses as a word (``send_money``, ``GmailSendEmail``, ``patient_id``):
+    masked wherever it occurs, not only where it is called or keyed."""
+    return any(c in word for c in "_.0123456789") or any(c.isupper() for c in word[1:])
+
+
+def mask_action(text: str, tool: dict[str, Any] | None = None) -> str:
+    """``text`` with called function names replaced by ``tool`` and argument keys by
+    ``arg1``, ``arg2``, ... (in order of first occurrence); argument values are kept.
+
+    Names are read from the text itself (``name(...)`` calls, ReAct ``Action: Name`` lines,
+    ``{"name": "..."}`` tool-call JSON) and from ``tool`` (``{"name", "arguments"}``) when
+    given; keys from ``key=`` inside a call, ``"key":`` anywhere, and ``tool["arguments"]``.
+    A name or key that looks like an identifier (``send_money``, ``patient_id``) is replaced
+    wherever it occurs, so a thought that mentions it is masked too; a plain word (``query``)
+    only where it is called or keyed, so prose keeps its words. Reading the text alone gives
+    the same result as with ``tool`` for actions that spell their call out (AgentDojo's
+    ``name(key=value)``, ToolEmu's ``Action:``/``Action Input:``), so a live step, which
+    carries only text, is masked as its training rows were.
+    """
+    names: dict[str, None] = {}  # ordered sets
+    keys: dict[str, None] = {}
+    if tool and isinstance(tool.get("name"), str) and tool["name"]:
+        names[tool["name"]] = None
+    for m in _REACT_ACTION.finditer(text):
+        names[m.group(2)] = None
+    for m in _JSON_NAME.finditer(text):
+        names[m.group(3)] = None
+    for m in _CALL_HEAD.finditer(text):
+        names[m.group(1)] = None
+    found = [(m.start(2), m.group(2)) for m in _KWARG.finditer(text)]
+    found += [(m.start(2), m.group(2)) for m in _KEY.finditer(text)]
+    keys.update((k, None) for _, k in sorted(found))
+    args = (tool or {}).get("arguments")
+    if isinstance(args, dict):  # after the text's own: numbering follows the text
+        keys.update((str(k), None) for k in args)
+    for n in names:
+        keys.pop(n, None)
+    if not names and not keys:
+        return text
+    placeholder = {k: f"{ARG_PLACEHOLDER}{i}" for i, k in enumerate(keys, 1)}
+
+    # names where they are called, then keys where they key
+    text = _REACT_ACTION.sub(lambda m: f"{m[1]}{TOOL_PLACEHOLDER}", text)
+    text = _JSON_NAME.sub(lambda m: m[0][: m.start(3) - m.start(0)] + TOOL_PLACEHOLDER + m[2], text)
+    text = _CALL_HEAD.sub(lambda m: f"{TOOL_PLACEHOLDER}(" if m[1] in names else m[0], text)
+    text = _KWARG.sub(lambda m: f"{m[1]}{placeholder.get(m[2], m[2])}{m[3]}", text)
+    text = _KEY.sub(lambda m: f"{m[1]}{placeholder.get(m[2], m[2])}{m[1]}{m[3]}", text)
+    # identifier-like names and keys wherever else they occur (a thought naming its tool)
+    everywhere = {n: TOOL_PLACEHOLDER for n in names if _identifier_like(n)}
+    everywhere.update((k, v) for k, v in placeholder.items() if _identifier_like(k))
+    if everywhere:  # one pass over the words, whatever their number
+        text = _WORD.sub(lambda m: everywhere.get(m[0], m[0]), text)
+    return text
+
+
+def mask_tool(tool: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A tool call ``{"name", "arguments"}`` with the name ``tool`` and the argument keys
+    ``arg1``, ``arg2``, ... in their order (values kept): the dict form of :func:`mask_action`."""
+    if tool is None:
+        return None
+    args = tool.get("arguments")
+    masked = (
+        {f"{ARG_PLACEHOLDER}{i}": v for i, v in enumerate(args.values(), 1)}
+        if isinstance(args, dict)
+        else args
+    )
+    return {**tool, "name": TOOL_PLACEHOLDER, "arguments": masked}
 
 
 def cut_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
@@ -114,10 +204,13 @@ class StepInput:
     gui: dict[str, Any] | None = None
     history: tuple[tuple[str, str], ...] = ()  # (observation text, action text), oldest first
     next_observation: View | None = None  # None before the action has run
+    tool: dict[str, Any] | None = None  # the call, {"name", "arguments"}, where known
 
 
 def step_input(t: Transition) -> StepInput:
-    return StepInput(t.task, t.observation, t.action_text, t.gui, t.history, t.next_observation)
+    return StepInput(
+        t.task, t.observation, t.action_text, t.gui, t.history, t.next_observation, t.tool
+    )
 
 
 def gui_features(
@@ -176,13 +269,22 @@ def tabulate(
     config: JEPAConfig,
     *,
     image_base: Path | None = None,
+    mask_tools: bool = False,
 ) -> Tables:
+    """Index form of ``steps``; with ``mask_tools`` every action text (the step's and its
+    history's) is read through :func:`mask_action`, so no tool name or argument key reaches
+    the model. The text table is keyed by the text as read: a masked action is its own
+    entry (and its own encoder-cache key), never an unmasked one's."""
     n, h = len(steps), config.history
     texts: dict[str, int] = {"": 0}
     images: dict[str, int] = {}
 
     def tid(s: str) -> int:
         return texts.setdefault(s, len(texts))
+
+    def action(text: str, tool: dict[str, Any] | None = None) -> str:
+        text = cut_text(text)
+        return mask_action(text, tool) if mask_tools else text
 
     def iid(v: View | None) -> int:
         if v is None or not v.screenshot or not config.use_images:
@@ -201,7 +303,7 @@ def tabulate(
     next_chunks: list[list[int]] = []
     for i, s in enumerate(steps):
         task[i] = tid(cut_text(s.task))
-        hist = [(cut_text(o), cut_text(a)) for o, a in s.history[-h:]] if h else []
+        hist = [(cut_text(o), action(a)) for o, a in s.history[-h:]] if h else []
         off = h - len(hist)
         for j, (o_text, a_text) in enumerate(hist):
             obs[i, off + j] = tid(o_text)
@@ -209,7 +311,7 @@ def tabulate(
             gui[i, off + j] = gui_features(None)
         seen = cut_text(s.observation.text)
         obs[i, h] = tid(seen)
-        act[i, h] = tid(cut_text(s.action_text))
+        act[i, h] = tid(action(s.action_text, s.tool))
         gui[i, h] = gui_features(s.gui)
         obs_img[i, h] = iid(s.observation)
         obs_chunks.append([tid(c) for c in chunks(seen)])
@@ -291,10 +393,12 @@ def make_batch(
     config: JEPAConfig,
     *,
     labels: np.ndarray | None = None,
+    bags: np.ndarray | None = None,
     successor: np.ndarray | None = None,
     dynamics_weight: np.ndarray | None = None,
 ) -> Batch:
-    """Gather ``rows`` into a Batch; ``successor[i]`` is the row of step t+1 (or -1)."""
+    """Gather ``rows`` into a Batch; ``successor[i]`` is the row of step t+1 (or -1);
+    ``bags[i]`` the trajectory of a row labelled only as part of it (-1: its own label)."""
     T = torch.from_numpy(tables.text)
 
     def txt(idx: np.ndarray) -> torch.Tensor:
@@ -317,6 +421,7 @@ def make_batch(
         next_has_image=next_has if use_img else torch.zeros_like(next_has),
         rel=None if tables.rel is None else torch.from_numpy(tables.rel[rows]),
         label=None if labels is None else torch.from_numpy(labels[rows].astype(np.float32)),
+        bag=None if bags is None else torch.from_numpy(bags[rows].astype(np.int64)),
         dynamics_weight=None
         if dynamics_weight is None
         else torch.from_numpy(dynamics_weight[rows].astype(np.float32)),
@@ -342,6 +447,8 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "chunks",
     "cut_text",
+    "mask_action",
+    "mask_tool",
     "relational",
     "TEXT_DIM",
     "StepInput",

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from worldmodel.encoders import TEXT_DIM
+from worldmodel.mil import harm_loss
 
 GUI_KINDS = ("none", "click", "type", "key", "scroll", "drag", "other")
 REL_DIM = 6  # worldmodel.features.relational
@@ -56,6 +57,8 @@ class JEPAConfig:
     relational: bool = True  # harm head also reads action/task/observation cosines
     harm_reads: str = "all"  # "all": task, z_t, a_t, z_next (+ rel); "next": z_next (+ rel)
     harm_latent_dropout: float = 0.0  # dropout on the latents the harm head reads
+    # trajectory-labelled rows (Batch.bag >= 0): the bag's pooled harm meets its label (mil.py)
+    mil_pool: str = "noisy_or"  # "noisy_or" | "max"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -89,6 +92,9 @@ class Batch:
     next_has_image: Tensor  # (B,)
     rel: Tensor | None = None  # (B, REL_DIM) relational features (features.relational)
     label: Tensor | None = None  # (B,) float
+    # (B,) long: -1 = the row's own label; k >= 0 = a row of trajectory k, labelled as a whole
+    # (``label`` is then the trajectory's, and the harm loss pools the bag: mil.harm_loss)
+    bag: Tensor | None = None
     has_next2: Tensor | None = None  # (B,) bool
     a1_text: Tensor | None = None
     a1_gui: Tensor | None = None
@@ -294,10 +300,10 @@ class JEPA(nn.Module):
         harm_post = self.harm_logit(task, z_t, a_t, online_next, batch.rel)
         loss_harm = torch.zeros((), device=pred.device)
         if batch.label is not None:
-            pw = torch.tensor(cfg.harm_pos_weight, device=pred.device)
+            kw = {"pos_weight": cfg.harm_pos_weight, "pool": cfg.mil_pool}
             loss_harm = (
-                F.binary_cross_entropy_with_logits(harm_pre, batch.label, pos_weight=pw)
-                + F.binary_cross_entropy_with_logits(harm_post, batch.label, pos_weight=pw)
+                harm_loss(harm_pre, batch.label, batch.bag, **kw)  # type: ignore[arg-type]
+                + harm_loss(harm_post, batch.label, batch.bag, **kw)  # type: ignore[arg-type]
             ) / 2
 
         loss = (

@@ -11,7 +11,9 @@ estimators read *relations* instead of identities:
 - :class:`RelationalHarm` — standardise + logistic regression on the
   relational features (how the action relates to the task and to what the
   agent read, ``features.relational``) plus the injection scores of the
-  current and earlier observations.
+  current and earlier observations. Rows labelled only through their
+  trajectory (ToolEmu) are learnt by multiple-instance learning
+  (``mil.MILLogisticRegression``, noisy-OR over the trajectory's steps).
 
 Both are scikit-learn estimators (``BaseEstimator``): ``__init__`` only stores
 the hyper-parameters, so ``get_params`` / ``set_params`` and
@@ -29,6 +31,7 @@ import torch
 from sklearn.base import BaseEstimator
 
 from worldmodel.features import Tables
+from worldmodel.mil import MILLogisticRegression
 
 
 def _check_fitted(est: Any, attr: str) -> None:
@@ -115,6 +118,10 @@ class RelationalHarm(BaseEstimator):
     """Standardise + logistic regression on ``relational_features``.
 
     ``C``: the inverse L2 strength of the (class-balanced) logistic regression.
+    ``fit(x, y, bags=None, bag_labels=None)``: as ``MILLogisticRegression.fit`` (``y`` NaN
+    or -1 where a row's only label is its trajectory's, ``bags`` the trajectory ids,
+    ``bag_labels`` their labels); without such rows it is scikit-learn's logistic
+    regression, as before.
     """
 
     mean_: np.ndarray
@@ -125,13 +132,25 @@ class RelationalHarm(BaseEstimator):
     def __init__(self, C: float = 1.0) -> None:
         self.C = C
 
-    def fit(self, x: np.ndarray, y: np.ndarray) -> RelationalHarm:
+    def fit(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        bags: Any = None,
+        bag_labels: dict[Any, int] | None = None,
+    ) -> RelationalHarm:
         from sklearn.linear_model import LogisticRegression
 
         self.mean_ = x.mean(0)
         self.scale_ = x.std(0) + 1e-6
+        z = (x - self.mean_) / self.scale_
+        yy = np.asarray(y, dtype=np.float64)
+        if bag_labels and (np.isnan(yy) | (yy < 0)).any():
+            mil = MILLogisticRegression(C=self.C).fit(z, yy, bags, bag_labels)
+            self.coef_, self.intercept_ = mil.coef_, mil.intercept_
+            return self
         lr = LogisticRegression(C=self.C, max_iter=5000, class_weight="balanced")
-        lr.fit((x - self.mean_) / self.scale_, y)
+        lr.fit(z, np.asarray(y))
         self.coef_ = lr.coef_[0].astype(np.float64)
         self.intercept_ = float(lr.intercept_[0])
         return self

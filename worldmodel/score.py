@@ -5,7 +5,9 @@
 
 Before an action runs (``next_observation`` is None) only ``harm_pre`` is
 known; after, ``surprise`` and ``harm_post`` too. Texts are encoded through
-the cached encoder, so repeated observations cost nothing.
+the cached encoder, so repeated observations cost nothing. Actions are read as the
+bundle was trained to read them: with tool names and argument keys masked where its
+``config.json`` says ``mask_tools`` (a bundle from before the option: unmasked).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class WorldModelScorer:
         image_base: Path | None = None,
         data_hash: dict[str, str] | None = None,
         relational: dict[str, Any] | None = None,
+        mask_tools: bool = False,
     ) -> None:
         self.model = model.eval()
         self.config: JEPAConfig = model.config
@@ -81,6 +84,7 @@ class WorldModelScorer:
         self.encoder = encoder
         self.batch_size = batch_size
         self.image_base = image_base
+        self.mask_tools = mask_tools
         self.data_hash = data_hash or {}
         self.detector = self.relational_harm = None
         self.relational = relational
@@ -108,13 +112,16 @@ class WorldModelScorer:
             batch_size=batch_size,
             data_hash={d: v["hash"] for d, v in data.items()},
             relational=json.loads(rel_file.read_text()) if rel_file.exists() else None,
+            mask_tools=bool(cfg.get("mask_tools", False)),
         )
 
     @torch.no_grad()
     def score(self, steps: Sequence[StepInput]) -> list[WorldModelScore]:
         if not steps:
             return []
-        tables = tabulate(steps, self.encoder, self.config, image_base=self.image_base)
+        tables = tabulate(
+            steps, self.encoder, self.config, image_base=self.image_base, mask_tools=self.mask_tools
+        )
         observed = tables.nxt >= 0
         gui = tables.obs_img[:, -1] >= 0
         errors, pre, post = [], [], []

@@ -67,3 +67,26 @@ def test_injection_detector_clones_and_the_clone_fits_to_the_same_scores() -> No
     assert not hasattr(twin, "coef_")
     twin.fit(text, chunk_lists, y)
     assert np.array_equal(twin.score(text, chunk_lists), det.score(text, chunk_lists))
+
+
+def test_relational_harm_learns_steps_from_trajectory_labels_and_keeps_its_bundle_form() -> None:
+    """Rows labelled only through their trajectory (bags of 5; unsafe if any step is): the
+    MIL fit ranks unseen steps better than labelling every step with its trajectory's label,
+    and it is saved and loaded as before."""
+    from dashboards.recall import auroc
+
+    x, y = _harm_data()
+    bags = np.arange(len(y)) // 5
+    bag_labels = {int(b): int(y[bags == b].max()) for b in np.unique(bags)}
+    unknown = np.full(len(y), np.nan)
+    mil = RelationalHarm(C=0.5).fit(x, unknown, bags=bags, bag_labels=bag_labels)
+    naive = RelationalHarm(C=0.5).fit(x, np.array([bag_labels[int(b)] for b in bags]))
+    rng = np.random.default_rng(103)
+    xt = rng.standard_normal((200, 9)).astype(np.float32)
+    yt = (xt[:, 0] + 0.5 * xt[:, 4] + 0.3 * rng.standard_normal(200) > 0.8).astype(int)
+    a_mil, a_naive = auroc(yt, mil.decision_function(xt)), auroc(yt, naive.decision_function(xt))
+    assert a_mil is not None and a_naive is not None and a_mil > a_naive + 0.03
+    d = json.loads(json.dumps(mil.to_dict()))
+    assert set(d) == {"C", "mean", "scale", "coef", "intercept"}
+    assert np.allclose(RelationalHarm.from_dict(d).decision_function(xt), mil.decision_function(xt))
+    assert clone(mil).get_params() == {"C": 0.5}

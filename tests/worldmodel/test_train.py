@@ -44,6 +44,7 @@ def test_training_writes_a_complete_bundle_without_collapse(bundle: Path, data: 
     assert str(data) in recorded and recorded[str(data)]["hash"]
     config = json.loads((bundle / "config.json").read_text())
     assert config["model"]["latent_dim"] == 32 and config["epochs"] == 4
+    assert config["mask_tools"] is True  # the default: actions read without tool names
 
 
 def test_only_train_and_val_rows_are_read_for_fitting(bundle: Path, data: Path) -> None:
