@@ -307,10 +307,18 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
             row.update({f"val_{k}": float("nan") if x is None else x for k, x in aurocs.items()})
             row.update(collapse_diagnostics(v["z"]))
         history.append(row)
+        traj = (
+            " (trajectories: pre {:.3f} post {:.3f})".format(
+                row["val_harm_auroc_trajectory_pre"], row["val_harm_auroc_trajectory_post"]
+            )
+            if "val_harm_auroc_trajectory_pre" in row
+            else ""
+        )
         log(
             "epoch {epoch}: loss {loss:.4f} (pred {pred:.4f}, rollout {rollout:.4f}, "
-            "var {var:.3f}, harm {harm:.4f}) val AUROC pre {pre:.3f} post {post:.3f}, "
+            "var {var:.3f}, harm {harm:.4f}) val AUROC pre {pre:.3f} post {post:.3f}{traj}, "
             "emb std {std:.3f}, {seconds:.0f} s".format(
+                traj=traj,
                 epoch=row["epoch"],
                 loss=row["loss"],
                 pred=row["pred"],
