@@ -12,16 +12,19 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 import vigil.paths
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FPR = 0.01
 
 
 def _features(data: Sequence[str], splits: Sequence[str] | None) -> dict[str, Any]:
+    import numpy as np
+
     """Provenance features of every transition of ``splits`` (all when None), with labels,
     domains, splits and the CPU time a step took."""
     from monitor.progress import Progress
@@ -43,6 +46,7 @@ def _features(data: Sequence[str], splits: Sequence[str] | None) -> dict[str, An
 
 
 def _at_threshold(y: np.ndarray, s: np.ndarray, thr: float) -> dict[str, Any]:
+
     from dashboards.recall import auroc
 
     return {"steps": int(len(y)), "harmful": int(y.sum()), "auroc": auroc(y, s),
@@ -51,6 +55,7 @@ def _at_threshold(y: np.ndarray, s: np.ndarray, thr: float) -> dict[str, Any]:
 
 
 def nested_lodo(x: np.ndarray, y: np.ndarray, domains: np.ndarray) -> dict[str, Any]:
+
     """Per training domain: C and features chosen by LODO over the *other* domains only,
     fitted on them, scored on the held-out one at the threshold giving 1 % FPR on their
     benign steps (nothing of the held-out domain enters any choice)."""
@@ -68,6 +73,8 @@ def nested_lodo(x: np.ndarray, y: np.ndarray, domains: np.ndarray) -> dict[str, 
 
 
 def cmd_train_provenance(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from dashboards.recall import threshold_at_fpr
     from worldmodel.datasets.domains import is_training
     from worldmodel.provenance import fit_lodo, save_bundle

@@ -15,7 +15,7 @@ from monitor.tiers import CalibratedPolicy
 def test_tiny_policy_records_what_it_was_fitted_on(tiny_policy: Path) -> None:
     policy = CalibratedPolicy.load(tiny_policy)
     assert policy.data["train"] and policy.data["val"]
-    assert set(policy.data["models"]) == {"worldmodel", "probes"}
+    assert set(policy.data["models"]) == {"worldmodel", "probes", "provenance"}
     assert all(g.threshold > 0 for g in policy.gates)
     raw = json.loads(tiny_policy.read_text())
     assert all(w >= 0 for g in raw["gates"] for w in g["weights"].values())
