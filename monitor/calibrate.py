@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monitor.pipeline import Screener
+from monitor.scorers.base import post_execution_signals
 from monitor.screening import Scorer, ScreenStep
 from monitor.tiers import (
     CalibratedPolicy,
@@ -53,8 +54,12 @@ def screen_step_of_transition(t: Transition, base: Path | None = None) -> Screen
             return str(base / p)
         return p
 
+    # each earlier step's result is what the agent saw next (as in a live trajectory, so a
+    # proposal built from this history sees what the recorded step saw)
+    seen = [o for o, _ in t.history] + [t.observation.text]
     history = tuple(
-        Step(step_id=f"h{i}", index=i, observation=Observation(text=o), action=Action(text=a))
+        Step(step_id=f"h{i}", index=i, observation=Observation(text=o), action=Action(text=a),
+             result=Observation(text=seen[i + 1]))
         for i, (o, a) in enumerate(t.history)
     )
     tool = t.tool
@@ -223,6 +228,10 @@ def calibrate(
     reviewed_tr = np.arange(len(train.steps))  # training steps the reviewer graded
     fit_tr = np.arange(len(train.steps))  # training steps the current gate is fitted on
     reach_va = np.arange(len(val.steps))  # validation steps that reached the current gate
+    # the same steps screened as proposed actions (POST /v1/screen: no post-execution
+    # signals): each gate gets a second threshold holding its budget on them
+    post = post_execution_signals()
+    reach_pre = np.arange(len(val.steps))
     benign_va = int((val.y == 0).sum())
     gates: list[Gate] = []
     p_tr_prev = np.zeros(len(train.steps))
@@ -232,7 +241,11 @@ def calibrate(
             # the tier's models run on the steps that reached it
             if k == 1:
                 new_tr = probe.tier_signals(1, [train.steps[i] for i in fit_tr])
-                new_va = probe.tier_signals(1, [val.steps[i] for i in reach_va])
+                reach_l1 = np.union1d(reach_va, reach_pre)
+                new_l1 = probe.tier_signals(1, [val.steps[i] for i in reach_l1])
+                for i, r in zip(reach_l1, new_l1, strict=True):
+                    rows_va[i].update(r)
+                new_va = []
             else:
                 if review_limit is not None and len(fit_tr) > review_limit:
                     fit_tr = stratified_subsample(fit_tr, train.y[fit_tr], review_limit, seed)
@@ -260,7 +273,7 @@ def calibrate(
                 ]
             for i, r in zip(fit_tr, new_tr, strict=True):
                 rows_tr[i].update(r)
-            for i, r in zip(reach_va, new_va, strict=True):
+            for i, r in zip(reach_va if k == 2 else [], new_va, strict=True):
                 rows_va[i].update(r)
         names = config.gate_signals(k)
         comb = fit_gate(
@@ -270,13 +283,20 @@ def calibrate(
         p_va = gate.probability([rows_va[i] for i in reach_va])
         benign_scores = p_va[val.y[reach_va] == 0]
         thr = threshold_for(benign_scores, tier.budget, benign_va)
-        gate = Gate(k, names, tier.budget, comb, thr)
+        pre_thr = None
+        if k < 2:  # proposals are screened through L1
+            p_pre = gate.probability([_before(rows_va[i], post) for i in reach_pre])
+            benign_pre = p_pre[val.y[reach_pre] == 0]
+            pre_thr = threshold_for(benign_pre, tier.budget, benign_va)
+            if k == 1:
+                block_threshold = threshold_for(benign_pre, config.block_budget, benign_va)
+            reach_pre = reach_pre[p_pre >= pre_thr]
+        gate = Gate(k, names, tier.budget, comb, thr, pre_thr)
         gates.append(gate)
-        if k == 1:
-            block_threshold = threshold_for(benign_scores, config.block_budget, benign_va)
         passed = reach_va[p_va >= thr]
         log(
-            f"calibrate: gate {tier.name}->L{k + 1}: threshold {thr:.4f}; "
+            f"calibrate: gate {tier.name}->L{k + 1}: threshold {thr:.4f}"
+            + ("" if pre_thr is None else f" (proposed actions: {pre_thr:.4f})") + "; "
             f"{int((val.y[passed] == 0).sum())}/{benign_va} benign and "
             f"{int(val.y[passed].sum())}/{int(val.y.sum())} harmful val steps pass; weights "
             + ", ".join(
@@ -329,6 +349,11 @@ def calibrate(
         metrics=metrics,
         trajectory=trajectory,
     )
+
+
+def _before(row: Mapping[str, float], post: frozenset[str]) -> dict[str, float]:
+    """A step's signals as a proposal of its action would have them (no post-execution ones)."""
+    return {n: v for n, v in row.items() if n not in post}
 
 
 def final_decisions(

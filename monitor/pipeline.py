@@ -114,16 +114,19 @@ class Screener:
         self.timings["L2"] = self.timings.get("L2", 0.0) + time.perf_counter() - t0
         return list(out)
 
-    def screen(self, steps: Sequence[ScreenStep], *, through: int = 2) -> list[StepVerdict]:
+    def screen(
+        self, steps: Sequence[ScreenStep], *, through: int = 2, proposal: bool = False
+    ) -> list[StepVerdict]:
         """L0 on every step, then each tier on the steps the one before escalates.
 
         ``through``: the last tier to run (0, 1 or 2). A step that passes the
         gate after ``through`` is reported one tier up (``monitor screen`` runs
-        through L2, so tier 3 means "would have paged a human").
+        through L2, so tier 3 means "would have paged a human"). ``proposal``: the steps
+        are proposed actions, judged by the gates' thresholds for proposals.
         """
         rows = self.tier_signals(0, steps)
         reviews: list[ReviewVerdict | None] = [None for _ in steps]
-        decisions = self.policy.decide_many(rows, through=0)
+        decisions = self.policy.decide_many(rows, through=0, proposal=proposal)
         for tier in (1, 2):
             if tier > through:
                 break
@@ -140,7 +143,7 @@ class Screener:
                         reviews[i] = v
                         if v is not None:
                             rows[i].update(v.signals())
-            decisions = self.policy.decide_many(rows, through=tier)
+            decisions = self.policy.decide_many(rows, through=tier, proposal=proposal)
         return [
             self._verdict(s, d, r, v) for s, d, r, v in zip(steps, decisions, rows, reviews,
                                                              strict=True)
@@ -195,7 +198,7 @@ class Screener:
                     meta=trajectory.meta,
                 )
             )
-        verdicts = self.screen(steps, through=1)
+        verdicts = self.screen(steps, through=1, proposal=True)
         latency = time.perf_counter() - t0
         out = []
         for v in verdicts:

@@ -369,6 +369,14 @@ class Gate:
     budget: float
     combiner: StackedCombiner
     threshold: float
+    # the threshold for a *proposed* action (its post-execution signals unknown), set at the
+    # same budget on benign proposals; None (older policies): ``threshold``
+    pre_threshold: float | None = None
+
+    def threshold_for(self, proposal: bool) -> float:
+        if proposal and self.pre_threshold is not None:
+            return self.pre_threshold
+        return self.threshold
 
     def probability(self, rows: Sequence[Mapping[str, float]]) -> np.ndarray:
         if not rows:
@@ -381,6 +389,7 @@ class Gate:
             "signals": list(self.signals),
             "budget": self.budget,
             "threshold": self.threshold,
+            **({} if self.pre_threshold is None else {"pre_threshold": self.pre_threshold}),
             "combiner": self.combiner.to_dict(),
             "weights": dict(zip(self.signals, self.combiner.coef_.tolist(), strict=True)),
         }
@@ -393,6 +402,7 @@ class Gate:
             float(d["budget"]),
             StackedCombiner.from_dict(d["combiner"]),
             float(d["threshold"]),
+            None if d.get("pre_threshold") is None else float(d["pre_threshold"]),
         )
 
 
@@ -411,7 +421,7 @@ class TierDecision:
 class CalibratedPolicy:
     config: PolicyConfig
     gates: tuple[Gate, Gate, Gate]
-    block_threshold: float  # on gate 1 (L0 + L1 signals), for POST /v1/screen
+    block_threshold: float  # on gate 1 (L0 + L1 signals of proposals), for POST /v1/screen
     data: Mapping[str, Any] = field(default_factory=dict)  # what it was fitted on (hashes)
     metrics: Mapping[str, Any] = field(default_factory=dict)
     version: int = POLICY_VERSION
@@ -419,12 +429,14 @@ class CalibratedPolicy:
     trajectory: TrajectoryAggregation | None = None
 
     def decide_many(
-        self, rows: Sequence[Mapping[str, float]], *, through: int = 2
+        self, rows: Sequence[Mapping[str, float]], *, through: int = 2, proposal: bool = False
     ) -> list[TierDecision]:
         """Decisions for many steps; ``through``: the last tier whose signals are known.
 
         A step stopped by gate ``k`` stays in tier ``k``; one that passes the gate
         after ``through`` reaches ``through + 1`` (the next tier has not run yet).
+        ``proposal``: the rows are of proposed actions (no post-execution signals), judged
+        against each gate's ``pre_threshold``.
         """
         if not 0 <= through <= 2:
             raise ValueError(f"through must be 0, 1 or 2, got {through}")
@@ -439,7 +451,7 @@ class CalibratedPolicy:
             p = g.probability([rows[int(i)] for i in idx])
             for i, pi in zip(idx, p, strict=True):
                 scores[i].append(float(pi))
-            passed = p >= g.threshold
+            passed = p >= g.threshold_for(proposal)
             tier[idx[passed]] = g.tier + 1
             alive[idx[~passed]] = False
         return [

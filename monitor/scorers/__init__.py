@@ -13,7 +13,10 @@ tier   scorer                                      signals
 L0     :class:`~.worldmodel.WorldModelSignals`     ``wm_*`` (surprise, harm)
 L0     :class:`~.rules.RuleSignals`                ``rule_*`` (cheap text rules)
 L0     :class:`~.rlhealth.RLHealthSignals`         ``rl_*`` (RL rollout health)
+L0     :class:`~.provenance.ProvenanceSignals`     ``prov_*`` (argument provenance)
 L1     :class:`~.probes.ProbeSignals`              ``probe_harm``
+L1     :class:`~.drift.DriftSignals`               ``drift_task`` (opt-in)
+L1     :class:`~.likelihood.LikelihoodSignals`     ``lm_task_gain`` (opt-in)
 L2     the reviewer (:mod:`monitor.reviewer`)      ``rv_*`` (its verdict's ``SIGNALS``)
 =====  ==========================================  =============================
 

@@ -26,6 +26,8 @@ class TierScorer:
     signals: ClassVar[tuple[str, ...]]
     order: ClassVar[int] = 100
     in_default: ClassVar[bool] = True  # whether the default policy uses its signals
+    # signals known only once the action has run (absent for a proposed action)
+    post_signals: ClassVar[tuple[str, ...]] = ()
     registry: ClassVar[list[type[TierScorer]]] = []
 
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -42,3 +44,8 @@ class TierScorer:
 
     def score_steps(self, steps: Sequence[ScreenStep]) -> list[dict[str, float]]:
         raise NotImplementedError
+
+
+def post_execution_signals() -> frozenset[str]:
+    """Every registered scorer's signals that exist only once an action has run."""
+    return frozenset(s for cls in TierScorer.registry for s in cls.post_signals)

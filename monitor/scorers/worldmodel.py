@@ -27,6 +27,7 @@ class WorldModelSignals(TierScorer):
     order = 0
     name = "worldmodel"
     signals = ("wm_harm_pre", "wm_harm_post", "wm_surprise", "wm_relational_harm", "wm_injection")
+    post_signals = ("wm_harm_post", "wm_surprise", "wm_injection")  # read the observed result
 
     def __init__(self, scorer: WorldModelScorer) -> None:
         self.scorer = scorer

@@ -20,6 +20,7 @@ from schemathesis.core.result import Ok
 
 from monitor.calibrate import load_split
 from monitor.pipeline import ActionCheck, Screener, load_screener
+from monitor.scorers.base import TierScorer, post_execution_signals
 from monitor.screening import ScreenStep
 from monitor.service.app import create_app
 from monitor.service.auth import provision_store
@@ -30,8 +31,13 @@ from tests.service.helpers import png_data_uri
 from tests.service.test_cli import paging_cli
 from tests.service.test_schema import fuzz_operation
 
-L0_L1_ONLY = {"probe_harm", "wm_harm_pre", "wm_relational_harm", "rule_destructive",
-              "rule_new_recipient", "rule_injection_marker"}
+
+def pre_execution_l0_l1() -> set[str]:
+    """What screening a proposal can produce: L0/L1 signals known before the action runs."""
+    import monitor.scorers  # noqa: F401  (every scorer registers itself)
+
+    return {s for c in TierScorer.registry if c.tier <= 1 for s in c.signals
+            } - post_execution_signals()
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +87,20 @@ def offline(small_agentdojo: Path, screener: Screener
     return out
 
 
-def assert_same(answer: dict[str, Any], check: ActionCheck) -> None:
-    assert (answer["decision"], answer["tier"]) == (check.decision, check.tier)
-    # batched with others, the probe model pads: floats agree to ~1e-4, decisions exactly
-    assert answer["score"] == pytest.approx(check.score, abs=1e-3)
-    assert answer["signals"] == pytest.approx(dict(check.signals), abs=1e-3)
+# batched with others, the probe model pads: its probability moves by up to ~1e-3 (seen 8e-4
+# on CI) and the gate's logit stacking can double that
+NOISE = 3e-3
+
+
+def assert_same(answer: dict[str, Any], check: ActionCheck,
+                thresholds: tuple[float, ...] = ()) -> None:
+    """The service's answer is the offline one: decisions exactly, unless the offline score
+    lies within float noise of a gate's threshold (``thresholds``: the gates' thresholds for
+    proposals; a threshold sits on a calibration step's score)."""
+    if not any(abs(check.score - t) < NOISE for t in thresholds):
+        assert (answer["decision"], answer["tier"]) == (check.decision, check.tier)
+    assert answer["score"] == pytest.approx(check.score, abs=NOISE)
+    assert answer["signals"] == pytest.approx(dict(check.signals), abs=2e-3)
 
 
 def test_a_hijacked_action_is_held_and_a_benign_one_allowed(
@@ -104,7 +119,7 @@ def test_a_hijacked_action_is_held_and_a_benign_one_allowed(
         assert_same(answer, check)
         # pre-execution: the harm of the predicted next state, never of an observed one
         assert "wm_harm_pre" in answer["signals"] and "wm_harm_post" not in answer["signals"]
-        assert set(answer["signals"]) <= L0_L1_ONLY  # nothing of an L2 review
+        assert set(answer["signals"]) <= pre_execution_l0_l1()  # nothing of an L2 review
         assert answer["policy"] == policy_hash(screener)
         assert (answer["trajectory_id"], answer["step_id"]) == (traj.trajectory_id, "next-step")
         assert answer["latency_ms"] > 0
@@ -112,8 +127,23 @@ def test_a_hijacked_action_is_held_and_a_benign_one_allowed(
     assert held.json()["decision"] == harmful[3].decision  # an admin may screen too
 
 
+def test_proposals_keep_each_gates_budget(
+    screener: Screener, offline: list[tuple[int, Trajectory, Action, ActionCheck]],
+) -> None:
+    """A proposal lacks the post-execution signals, so each gate has a threshold for
+    proposals calibrated at the same budget: benign proposals of the calibration steps do not
+    reach L1 (L2) more often than the L0 (L1) budget allows."""
+    benign = [o[3] for o in offline if o[0] == 0]
+    gates = screener.policy.gates
+    for k in (0, 1):
+        assert gates[k].pre_threshold is not None
+        reached = sum(c.tier > k for c in benign)
+        assert reached <= gates[k].budget * len(benign) + 1e-9, (k, reached, len(benign))
+    assert any(c.decision == "allow" for c in benign)
+
+
 def test_every_validation_step_gets_the_offline_answer(
-    client: TestClient, store: Service,
+    client: TestClient, store: Service, screener: Screener,
     offline: list[tuple[int, Trajectory, Action, ActionCheck]],
 ) -> None:
     """Sent all at once (they are batched): each answer is still its own offline one."""
@@ -133,7 +163,8 @@ def test_every_validation_step_gets_the_offline_answer(
         t.join()
     for i, (_, _, _, check) in enumerate(offline):
         assert answers[i].status_code == 200, answers[i].text
-        assert_same(answers[i].json(), check)
+        assert_same(answers[i].json(), check,
+                    tuple(g.threshold_for(True) for g in screener.policy.gates[:2]))
 
 
 def test_concurrent_checks_run_as_one_batch(
