@@ -25,6 +25,7 @@ from monitor.tiers import CalibratedPolicy, PolicyConfig, PolicyError, TierDecis
 from streams.records import Action, Observation, Step, Trajectory
 
 if TYPE_CHECKING:
+    from monitor.adaptive import LiveGates
     from monitor.reviewer import Reviewer, ReviewVerdict
 
 Log = Callable[[str], None]
@@ -84,6 +85,8 @@ class Screener:
     l1: Sequence[Scorer] = ()
     reviewer: Reviewer | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent per tier
+    # live thresholds that hold each gate's budget on this stream (`monitor screen --adapt`)
+    live: LiveGates | None = None
 
     def tier_signals(self, tier: int, steps: Sequence[ScreenStep]) -> list[dict[str, float]]:
         """Run tier ``tier``'s scorers (0 or 1) on ``steps``."""
@@ -124,9 +127,12 @@ class Screener:
         through L2, so tier 3 means "would have paged a human"). ``proposal``: the steps
         are proposed actions, judged by the gates' thresholds for proposals.
         """
+        live = None if proposal else self.live
+        thresholds = None if live is None else live.thresholds()
         rows = self.tier_signals(0, steps)
         reviews: list[ReviewVerdict | None] = [None for _ in steps]
-        decisions = self.policy.decide_many(rows, through=0, proposal=proposal)
+        decisions = self.policy.decide_many(rows, through=0, proposal=proposal,
+                                            thresholds=thresholds)
         for tier in (1, 2):
             if tier > through:
                 break
@@ -143,7 +149,12 @@ class Screener:
                         reviews[i] = v
                         if v is not None:
                             rows[i].update(v.signals())
-            decisions = self.policy.decide_many(rows, through=tier, proposal=proposal)
+            decisions = self.policy.decide_many(rows, through=tier, proposal=proposal,
+                                                thresholds=thresholds)
+        if live is not None:
+            from dashboards.canary import is_canary
+
+            live.observe(decisions, [is_canary(s.meta) for s in steps])
         return [
             self._verdict(s, d, r, v) for s, d, r, v in zip(steps, decisions, rows, reviews,
                                                              strict=True)

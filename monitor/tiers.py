@@ -429,14 +429,20 @@ class CalibratedPolicy:
     trajectory: TrajectoryAggregation | None = None
 
     def decide_many(
-        self, rows: Sequence[Mapping[str, float]], *, through: int = 2, proposal: bool = False
+        self,
+        rows: Sequence[Mapping[str, float]],
+        *,
+        through: int = 2,
+        proposal: bool = False,
+        thresholds: Sequence[float] | None = None,
     ) -> list[TierDecision]:
         """Decisions for many steps; ``through``: the last tier whose signals are known.
 
         A step stopped by gate ``k`` stays in tier ``k``; one that passes the gate
         after ``through`` reaches ``through + 1`` (the next tier has not run yet).
         ``proposal``: the rows are of proposed actions (no post-execution signals), judged
-        against each gate's ``pre_threshold``.
+        against each gate's ``pre_threshold``. ``thresholds``: one per gate, in place of the
+        calibrated ones (live thresholds: :mod:`monitor.adaptive`).
         """
         if not 0 <= through <= 2:
             raise ValueError(f"through must be 0, 1 or 2, got {through}")
@@ -451,7 +457,8 @@ class CalibratedPolicy:
             p = g.probability([rows[int(i)] for i in idx])
             for i, pi in zip(idx, p, strict=True):
                 scores[i].append(float(pi))
-            passed = p >= g.threshold_for(proposal)
+            thr = g.threshold_for(proposal) if thresholds is None else thresholds[g.tier]
+            passed = p >= thr
             tier[idx[passed]] = g.tier + 1
             alive[idx[~passed]] = False
         return [

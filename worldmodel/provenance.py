@@ -343,8 +343,8 @@ class ProvenanceStep:
             if h.result is not None:  # what the agent read after that step: k - 1 back
                 srcs.append((h.result.text, k - 1))
             srcs.append((h.observation.text, k))
-        a, g = s.action, s.action.gui
-        return cls(step.task, tuple(srcs[:MAX_SOURCES]),
+        a, g = s.action, s.action.gui  # a result read again as the next observation: once
+        return cls(step.task, tuple(dict.fromkeys(srcs))[:MAX_SOURCES],
                    a.tool.arguments if a.tool is not None else None,
                    _typed(g.kind, g.text) if g is not None else None, a.text)
 

@@ -120,6 +120,11 @@ def cmd_screen(args: argparse.Namespace) -> int:
     if count == 0:
         raise ValueError(f"{src}: no trajectories (the file is empty or only blank lines)")
     screener = load_screener(args.policy, reviewer=not args.no_review)
+    if args.adapt:
+        from monitor.adaptive import LiveGates
+
+        screener.live = LiveGates(screener.policy, window=args.adapt_window,
+                                  min_count=min(500, args.adapt_window // 4))
     through = 1 if args.no_review else 2
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
     t0 = time.perf_counter()
@@ -144,6 +149,11 @@ def cmd_screen(args: argparse.Namespace) -> int:
         + (f"; wrote {args.out}" if args.out else ""),
         file=sys.stderr,
     )
+    if screener.live is not None:
+        for name, g in zip(("L0->L1", "L1->L2", "L2->L3"), screener.live.status(), strict=True):
+            print(f"adapted gate {name}: threshold {g['calibrated']:.4f} -> {g['threshold']:.4f} "
+                  f"(passes {g['window_share']:.1%} of the last {g['seen']} scores reaching it; "
+                  f"target {g['target_share']:.1%})", file=sys.stderr)
     return 0
 
 
@@ -201,6 +211,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
     p.add_argument("--no-review", action="store_true", help="stop after L1 (no L2 reviewer)")
     p.add_argument("--batch-steps", type=int, default=256, help="steps scored together")
+    p.add_argument("--adapt", action="store_true",
+                   help="move each gate's threshold to hold its budget on this file's own "
+                   "score distribution (sliding-window quantile sketch; never below the "
+                   "recall the calibrated threshold gives canary steps)")
+    p.add_argument("--adapt-window", type=int, default=20_000, metavar="STEPS",
+                   help="the window of latest scores each gate keeps (default 20000)")
     p.set_defaults(fn=cmd_screen)
 
     c = sub.add_parser(

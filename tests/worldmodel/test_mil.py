@@ -223,8 +223,9 @@ def test_two_actions_differing_only_in_tool_reach_the_harm_heads_as_the_same_inp
         out = predict(model, tables, np.arange(2), config)
         same = tables.act[0, -1] == tables.act[1, -1]
         assert same == masked
-        for head in ("harm_pre", "harm_post"):
-            assert (out[head][0] == out[head][1]) == masked, (head, masked)
+        for head in ("harm_pre", "harm_post"):  # the same input: equal up to batched float noise
+            close = bool(np.isclose(out[head][0], out[head][1], rtol=0.0, atol=1e-5))
+            assert close == masked, (head, masked, out[head][0], out[head][1])
 
 
 def test_masked_and_unmasked_texts_never_share_a_cache_key() -> None:
@@ -264,14 +265,15 @@ def test_the_bundle_records_mask_tools_and_its_scorer_applies_it(
     masked = WorldModelScorer.load(bundle)
     assert masked.mask_tools
     sa, sb = masked.score([_step(a), _step(b)])
-    assert sa == sb  # the two calls differ only in what the tools are called
+    # the two calls differ only in what the tools are called (equal up to batched float noise)
+    assert sa.signals() == pytest.approx(sb.signals(), abs=1e-5)
     # the same weights told they were trained on unmasked actions score them apart
     plain = tmp_path / "plain"
     shutil.copytree(bundle, plain)
     cfg = json.loads((plain / "config.json").read_text())
     (plain / "config.json").write_text(json.dumps({**cfg, "mask_tools": False}))
     pa, pb = WorldModelScorer.load(plain).score([_step(a), _step(b)])
-    assert pa.harm_pre != pb.harm_pre
+    assert abs(pa.harm_pre - pb.harm_pre) > 1e-5
     # a bundle written before the option existed was trained unmasked: scored unmasked
     del cfg["mask_tools"]
     (plain / "config.json").write_text(json.dumps(cfg))

@@ -1,0 +1,193 @@
+"""Budgets that hold under shift: each gate's threshold follows its live score distribution.
+
+A calibrated gate passes ``budget_k`` of the *calibration* benign steps. On traffic the models
+were not trained on, the same threshold may pass many times that (the AgentDojo ``slack``
+suite sent 71 % of its benign steps into L1 against a 20 % budget). A :class:`LiveGate` keeps
+a quantile sketch (Apache DataSketches KLL) of the scores reaching its gate over a sliding
+window and moves the threshold so the gate passes its share of them:
+
+* **share**: gate ``k`` sees only what gate ``k - 1`` passed, so it passes
+  ``budget_k / budget_{k-1}`` of what reaches it (gate 0: ``budget_0``);
+* **floor on recall**: canary steps (known harm injected into the stream,
+  :mod:`dashboards.canary`) are sketched apart; the threshold never rises above the score
+  that keeps the canaries' recall at what the calibrated threshold gives them, so adapting
+  never escalates less harm than calibration promised on canaries;
+* **warm-up**: until ``min_count`` scores have been seen, the calibrated threshold holds.
+
+The window is two sketches: the newer one fills, and when it holds ``window / 2`` scores it
+becomes the older one (the previous older one is dropped), so the estimate always covers
+between ``window / 2`` and ``window`` of the latest scores. A gate's state serialises to a
+few kilobytes (:meth:`LiveGates.to_bytes`) so a worker can persist it beside its offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from monitor.tiers import CalibratedPolicy, TierDecision
+
+SKETCH_K = 200  # KLL accuracy parameter: rank error about 1.3 % (the library's default)
+
+
+class WindowSketch:
+    """KLL quantiles over about the last ``window`` values (two sketches, rotated)."""
+
+    def __init__(self, window: int, k: int = SKETCH_K) -> None:
+        if window < 2:
+            raise ValueError(f"window must be at least 2 values, got {window}")
+        self.window = window
+        self.k = k
+        self._old = self._new()
+        self._cur = self._new()
+
+    def _new(self) -> Any:
+        from datasketches import kll_doubles_sketch
+
+        return kll_doubles_sketch(self.k)
+
+    @property
+    def n(self) -> int:
+        return int(self._old.n + self._cur.n)
+
+    def update(self, values: Sequence[float] | np.ndarray) -> None:
+        half = self.window // 2
+        for v in np.asarray(values, dtype=np.float64).ravel():
+            if not math.isfinite(v):
+                continue
+            self._cur.update(float(v))
+            if self._cur.n >= half:
+                self._old, self._cur = self._cur, self._new()
+
+    def _merged(self) -> Any:
+        m = self._new()
+        for s in (self._old, self._cur):
+            if not s.is_empty():
+                m.merge(s)
+        return m
+
+    def quantile(self, q: float) -> float:
+        """The value with a share ``q`` of the window below it (NaN when empty)."""
+        m = self._merged()
+        return float("nan") if m.is_empty() else float(m.get_quantile(min(max(q, 0.0), 1.0)))
+
+    def share_at_least(self, x: float) -> float:
+        """The share of the window scoring ``>= x`` (NaN when empty)."""
+        m = self._merged()
+        if m.is_empty():
+            return float("nan")
+        return float(1.0 - m.get_rank(x, inclusive=False))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"window": self.window, "k": self.k,
+                "old": self._old.serialize().hex(), "cur": self._cur.serialize().hex()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WindowSketch:
+        from datasketches import kll_doubles_sketch
+
+        s = cls(int(d["window"]), int(d["k"]))
+        s._old = kll_doubles_sketch.deserialize(bytes.fromhex(d["old"]))
+        s._cur = kll_doubles_sketch.deserialize(bytes.fromhex(d["cur"]))
+        return s
+
+
+@dataclass
+class LiveGate:
+    """One gate's live threshold: ``share`` of the scores reaching it pass, within the floor."""
+
+    calibrated: float  # the policy's threshold (for proposals, its pre-execution one)
+    share: float  # of the steps reaching this gate, the share that should pass
+    scores: WindowSketch
+    canaries: WindowSketch
+    min_count: int = 500
+    min_canaries: int = 50
+
+    def threshold(self) -> float:
+        if self.scores.n < self.min_count:
+            return self.calibrated
+        t = self.scores.quantile(1.0 - self.share)
+        if self.scores.share_at_least(t) > self.share:  # a tie at t: pass at most the share
+            t = float(np.nextafter(t, np.inf))
+        return min(t, self.ceiling())
+
+    def ceiling(self) -> float:
+        """The highest threshold that keeps the canaries' recall at the calibrated one's
+        (+inf until enough canaries were seen: nothing is promised yet, so the budget rules;
+        the caller decides whether to adapt at all without canaries)."""
+        if self.canaries.n < self.min_canaries:
+            return math.inf
+        promised = self.canaries.share_at_least(self.calibrated)
+        if promised <= 0.0:
+            return math.inf  # the calibrated threshold catches no canary: nothing to keep
+        # the largest t with share(score >= t) >= promised: the (1 - promised) quantile
+        return max(self.calibrated, self.canaries.quantile(1.0 - promised))
+
+
+class LiveGates:
+    """The live thresholds of a policy's gates (L0 → L1, L1 → L2, L2 → L3).
+
+    :meth:`thresholds` goes to :meth:`~monitor.tiers.CalibratedPolicy.decide_many`;
+    :meth:`observe` feeds the decided steps back (each gate sketches the scores of the steps
+    that reached it; canary steps go to the canary sketches).
+    """
+
+    def __init__(self, policy: CalibratedPolicy, *, window: int = 20_000, min_count: int = 500,
+                 proposal: bool = False) -> None:
+        self.policy = policy
+        self.proposal = proposal
+        budgets = [g.budget for g in policy.gates]
+        self.gates = [
+            LiveGate(
+                calibrated=g.threshold_for(proposal),
+                share=min(1.0, budgets[k] / (budgets[k - 1] if k else 1.0)),
+                scores=WindowSketch(window),
+                canaries=WindowSketch(window),
+                min_count=min_count,
+            )
+            for k, g in enumerate(policy.gates)
+        ]
+
+    def thresholds(self) -> tuple[float, ...]:
+        return tuple(g.threshold() for g in self.gates)
+
+    def observe(self, decisions: Sequence[TierDecision], canary: Sequence[bool]) -> None:
+        """Sketch each decided step's score at every gate it reached."""
+        for k, gate in enumerate(self.gates):
+            real = [d.gate_scores[k] for d, c in zip(decisions, canary, strict=True)
+                    if len(d.gate_scores) > k and not c]
+            fake = [d.gate_scores[k] for d, c in zip(decisions, canary, strict=True)
+                    if len(d.gate_scores) > k and c]
+            if real:
+                gate.scores.update(real)
+            if fake:
+                gate.canaries.update(fake)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps([{"scores": g.scores.to_dict(), "canaries": g.canaries.to_dict()}
+                           for g in self.gates]).encode()
+
+    def restore(self, blob: bytes) -> None:
+        """Resume the sketches a :meth:`to_bytes` saved (the window sizes come with them)."""
+        saved = json.loads(blob)
+        if len(saved) != len(self.gates):
+            raise ValueError(f"saved state has {len(saved)} gates, the policy {len(self.gates)}")
+        for g, s in zip(self.gates, saved, strict=True):
+            g.scores = WindowSketch.from_dict(s["scores"])
+            g.canaries = WindowSketch.from_dict(s["canaries"])
+
+    def status(self) -> list[dict[str, float]]:
+        """Per gate: the calibrated and the live threshold, the share passing in the window."""
+        out = []
+        for g in self.gates:
+            t = g.threshold()
+            out.append({"calibrated": g.calibrated, "threshold": t, "target_share": g.share,
+                        "window_share": g.scores.share_at_least(t), "seen": g.scores.n,
+                        "canaries_seen": g.canaries.n})
+        return out
