@@ -4,6 +4,7 @@ stream's throughput and latency through the real broker.
     python bench/pipeline_bench.py                      # both parts, default policy
     python bench/pipeline_bench.py --part quality --per-split 2000 --per-split-reviewed 150
     python bench/pipeline_bench.py --part stream --rates 50 200 1000
+    python bench/pipeline_bench.py --part shift --per-split 2000   # budgets under shift
 
 Quality (two passes per split: through L1 on a large sample, where tier 2 = "a reviewer
 would grade it" at the 2 % budget; and through the L2 reviewer on a small sample, where
@@ -112,10 +113,84 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
                 float((tiers[y == 0] >= k).mean()) if (y == 0).any() else None
             )
         if through == 1:  # nothing can be flagged (tier 3) without the reviewer
-            for k in ("recall_overall", "fpr", "pages_per_10k_steps"):
-                m[k] = None
+            for key in ("recall_overall", "fpr", "pages_per_10k_steps"):
+                m[key] = None
         out["splits"][f"{split}/through_L{through}"] = m
         print(split, json.dumps(m), flush=True)
+    return out
+
+
+def shift(args: argparse.Namespace) -> dict[str, Any]:
+    """Benign share per tier on a shifted stream (the training suites' validation steps, then
+    ``test_slack``), through L1, with the calibrated thresholds and with live ones
+    (:mod:`monitor.adaptive`); canaries from the training split are interleaved (5 %) so the
+    live gates keep their recall floor, and canary recall is reported for both."""
+    from dashboards.canary import CANARY_KEY, load_canary_set
+    from monitor.adaptive import LiveGates
+    from monitor.calibrate import load_split
+    from monitor.defaults import ensure_default_canaries, ensure_policy
+    from monitor.pipeline import load_screener
+    from monitor.screening import screen_steps_of
+
+    screener = load_screener(ensure_policy(args.policy), reviewer=False)
+    budgets = list(screener.policy.config.budgets)
+    before = _sample(load_split(args.data, "val"), args.per_split)
+    after = _sample(load_held_out(args.data, "test_slack"), args.per_split)
+    canary_steps = [
+        st for c in load_canary_set(ensure_default_canaries())
+        for st in screen_steps_of(c.model_copy(
+            update={"meta": {**c.meta, CANARY_KEY: {"canary_id": c.trajectory_id}}}))
+    ]
+    rng = np.random.default_rng(0)
+    phases = [("train_suites_val", before), ("test_slack", after)]
+    stream, phase, label = [], [], []
+    for name, split in phases:
+        for st, y in zip(split.steps, split.y, strict=True):
+            stream.append(st)
+            phase.append(name)
+            label.append(int(y))
+            if rng.random() < 0.05:
+                stream.append(canary_steps[int(rng.integers(len(canary_steps)))])
+                phase.append(name)
+                label.append(-1)  # a canary
+    ph, lab = np.array(phase), np.array(label)
+    out: dict[str, Any] = {"budgets": budgets, "steps": {n: int(((ph == n) & (lab >= 0)).sum())
+                                                         for n, _ in phases},
+                           "canaries": int((lab < 0).sum()), "window": args.adapt_window}
+    for mode in ("calibrated", "adapted"):
+        screener.live = (LiveGates(screener.policy, window=args.adapt_window,
+                                   min_count=min(500, args.adapt_window // 4))
+                         if mode == "adapted" else None)
+        tiers = []
+        t0 = time.perf_counter()
+        for i in range(0, len(stream), 256):  # batches in stream order, as a worker polls
+            tiers += [v.tier for v in screener.screen(stream[i:i + 256], through=1)]
+        t = np.array(tiers)
+        m: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 1)}
+        for name, _ in phases:
+            benign, harmful = (ph == name) & (lab == 0), (ph == name) & (lab == 1)
+            canary = (ph == name) & (lab < 0)
+            # the second half of a phase: after the live gates have seen its traffic
+            idx = np.flatnonzero(ph == name)
+            late = np.zeros(len(t), dtype=bool)
+            late[idx[len(idx) // 2:]] = True
+            m[name] = {
+                f"benign_share_reaching_L{k}": float((t[benign] >= k).mean()) for k in (1, 2)
+            } | {
+                f"benign_share_reaching_L{k}_second_half": float((t[benign & late] >= k).mean())
+                for k in (1, 2)
+            } | {
+                f"recall_reaching_L{k}": float((t[harmful] >= k).mean()) if harmful.any()
+                else None for k in (1, 2)
+            } | {
+                f"canary_recall_reaching_L{k}": float((t[canary] >= k).mean()) if canary.any()
+                else None for k in (1, 2)
+            }
+        if screener.live is not None:
+            m["live_gates"] = screener.live.status()
+        out[mode] = m
+        print("shift", mode, json.dumps(m, default=float), flush=True)
+    screener.live = None
     return out
 
 
@@ -131,7 +206,7 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--part", choices=["quality", "stream", "all"], default="all")
+    p.add_argument("--part", choices=["quality", "stream", "shift", "all"], default="all")
     p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
     p.add_argument("--data", nargs="+", default=[str(vigil.paths.dataset("agentdojo"))])
     p.add_argument("--splits", nargs="+", default=["test_slack", "test_attacks"])
@@ -141,6 +216,8 @@ def main() -> None:
                    help="steps sampled per held-out split, screened through the L2 reviewer")
     p.add_argument("--rates", nargs="+", type=float, default=[50, 200, 1000])
     p.add_argument("--seconds", type=float, default=20.0, help="offered-load duration per rate")
+    p.add_argument("--adapt-window", type=int, default=2000,
+                   help="shift: the live gates' window of scores")
     args = p.parse_args()
     path = RESULTS / "pipeline.json"
     result: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
@@ -157,6 +234,9 @@ def main() -> None:
     if args.part in ("quality", "all"):
         result["quality"] = quality(args)
         result["quality"]["command"] = " ".join([sys.executable, *sys.argv])
+    if args.part in ("shift", "all"):
+        result["shift"] = shift(args)
+        result["shift"]["command"] = " ".join([sys.executable, *sys.argv])
     if args.part in ("stream", "all"):
         result["stream"] = stream(args)
         result["stream"]["command"] = " ".join([sys.executable, *sys.argv])
