@@ -305,6 +305,23 @@ def overview() -> DashboardBuilder:
              "L{{tier}}", instant=True)], unit="percentunit", width=6, max_value=1,
              description="The escalation budget actually spent: each tier's count over the "
              "steps screened, over the dashboard's time range."))
+         .with_panel(timeseries_panel("Budget vs actual: share of steps passing each gate", [
+             query(f"sum by (stream) (rate(vigil_steps_total{{tier=\"1\", {real}}}"
+                   "[$__rate_interval])) / sum by (stream) (rate(vigil_steps_total"
+                   f"{{tier=\"0\", {real}}}[$__rate_interval]))", "{{stream}} reaching L1"),
+             query(f"sum by (stream) (rate(vigil_steps_total{{tier=\"2\", {real}}}"
+                   "[$__rate_interval])) / sum by (stream) (rate(vigil_steps_total"
+                   f"{{tier=\"0\", {real}}}[$__rate_interval]))", "{{stream}} reaching L2"),
+             query("max by (gate) (vigil_gate_budget)", "budget past {{gate}}")],
+             unit="percentunit",
+             description="Per stream, the share of real steps that reached L1 and L2, against "
+             "each gate's budget. On traffic the models were not trained on the calibrated "
+             "thresholds may overspend; `monitor stream --adapt` moves them to hold the budget."))
+         .with_panel(timeseries_panel("Gate thresholds: calibrated and live", [query(
+             "max by (gate, kind) (vigil_gate_threshold)", "{{gate}} {{kind}}")],
+             description="Each gate's calibrated threshold and, with --adapt, the live one kept "
+             "at its budget by a quantile sketch of the scores reaching it (never above the "
+             "score that keeps canary recall at the calibrated threshold's)."))
          .with_panel(timeseries_panel("Escalations published by tier", [query(
              _rate("vigil_escalations_total", ["tier"], _STREAM), "to L{{tier}}")],
              unit="ops", description="Escalation records published per second, by the tier "

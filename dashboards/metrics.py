@@ -14,6 +14,8 @@ worker (``monitor stream --metrics-port``)
     vigil_reviewer_cost_total{backend}              the reviewer's cost (its backend's unit)
     vigil_deadletters_total{stage, reason}          records sent to the dead-letter topic
     vigil_consumer_lag{stage, topic, partition}     records behind the high-water mark
+    vigil_gate_budget{gate}                         share of all steps a gate may pass on
+    vigil_gate_threshold{gate, kind}                calibrated and live (--adapt) thresholds
     vigil_rollout_verdicts_total{quarantine}        per-execution verdicts for trainers
     vigil_pages_triggered_total{result}             trigger events sent (opened | deduplicated)
     vigil_canaries_injected_total{stream}           canary steps injected into a live stream
@@ -84,6 +86,12 @@ class WorkerMetrics:
         self.lag = Gauge("vigil_consumer_lag", "Records behind the high-water mark, per "
                          "partition of a stage's input", ["stage", "topic", "partition"],
                          registry=r)
+        self.gate_budget = Gauge("vigil_gate_budget", "Share of all screened steps the gate "
+                                 "out of a tier may pass on (the next tier's budget)", ["gate"],
+                                 registry=r)
+        self.gate_threshold = Gauge("vigil_gate_threshold", "A gate's threshold: calibrated, "
+                                    "and live where the screen stage adapts it (--adapt)",
+                                    ["gate", "kind"], registry=r)
         self.verdicts = Counter("vigil_rollout_verdicts", "Per-execution rollout verdicts",
                                 ["quarantine"], registry=r)
         self.pages = Counter("vigil_pages_triggered", "Page trigger events sent to the paging "

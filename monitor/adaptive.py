@@ -22,6 +22,7 @@ few kilobytes (:meth:`LiveGates.to_bytes`) so a worker can persist it beside its
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from collections.abc import Sequence
@@ -86,15 +87,16 @@ class WindowSketch:
 
     def to_dict(self) -> dict[str, Any]:
         return {"window": self.window, "k": self.k,
-                "old": self._old.serialize().hex(), "cur": self._cur.serialize().hex()}
+                "old": base64.b64encode(self._old.serialize()).decode(),
+                "cur": base64.b64encode(self._cur.serialize()).decode()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> WindowSketch:
         from datasketches import kll_doubles_sketch
 
         s = cls(int(d["window"]), int(d["k"]))
-        s._old = kll_doubles_sketch.deserialize(bytes.fromhex(d["old"]))
-        s._cur = kll_doubles_sketch.deserialize(bytes.fromhex(d["cur"]))
+        s._old = kll_doubles_sketch.deserialize(base64.b64decode(d["old"]))
+        s._cur = kll_doubles_sketch.deserialize(base64.b64decode(d["cur"]))
         return s
 
 

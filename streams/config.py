@@ -81,6 +81,7 @@ class Topics(BaseSettings):
     verdicts_rollout: str = "vigil.verdicts.rollout"
     labels: str = "vigil.labels"
     deadletter: str = "vigil.deadletter"
+    gates: str = "vigil.gates"  # the screen stage's live gate sketches (--adapt)
 
     def all(self) -> list[str]:
         return list(self.model_dump().values())

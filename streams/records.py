@@ -298,6 +298,17 @@ class LabelRecord(Record):
     created_at: float = 0.0
 
 
+class GateState(Record):
+    """The screen stage's live gate sketches (``monitor stream --adapt``), saved to the gates
+    topic every few seconds and read back on a restart (``monitor.adaptive``)."""
+
+    kind: ClassVar[str] = "gate.state"
+
+    group: str = Field(min_length=1)  # the screen stage's consumer group
+    state: str  # LiveGates.to_bytes(), as text
+    created_at: float = 0.0
+
+
 RECORD_TYPES: dict[str, type[Record]] = {
     t.kind: t
     for t in (
@@ -309,6 +320,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
         Escalation,
         RolloutVerdict,
         LabelRecord,
+        GateState,
     )
 }
 

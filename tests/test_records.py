@@ -13,6 +13,7 @@ from streams.records import (
     RECORD_TYPES,
     Escalation,
     ExecutionEnd,
+    GateState,
     LabelRecord,
     Record,
     RecordError,
@@ -170,6 +171,7 @@ records = st.one_of(
         note=text,
         created_at=finite,
     ),
+    st.builds(GateState, group=ident, state=text, created_at=finite),
 )
 
 
@@ -193,6 +195,7 @@ def test_every_record_type_is_covered_by_the_round_trip() -> None:
         Escalation,
         RolloutVerdict,
         LabelRecord,
+        GateState,
     }
     assert set(RECORD_TYPES.values()) == kinds
 

@@ -63,6 +63,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
         )
     if args.batch_size < 1:
         raise CliError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.adapt and args.adapt_window < 8:
+        raise CliError(f"--adapt-window must be at least 8 scores, got {args.adapt_window}")
     if not 0.0 <= args.canary_rate <= 1.0:
         raise CliError(f"--canary-rate must be in [0, 1], got {args.canary_rate}")
     if args.canary_rate > 0 and "screen" not in roles:
@@ -103,6 +105,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         idle_timeout_s=args.idle_timeout,
         execution_timeout_s=args.execution_timeout,
+        adapt_window=args.adapt_window if args.adapt else None,
     )
     worker = build_worker(
         config,
@@ -170,6 +173,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--execution-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="a rollout execution with no new record for this long gets a verdict "
                    "marked incomplete, so it holds commits no longer (default 600)")
+    p.add_argument("--adapt", action="store_true",
+                   help="move each gate's threshold to hold its budget on this stream's own "
+                   "scores (sliding-window quantile sketch; never above the score that keeps "
+                   "canary recall at the calibrated threshold's); exported as "
+                   "vigil_gate_threshold{kind=\"live\"}")
+    p.add_argument("--adapt-window", type=int, default=20_000, metavar="STEPS",
+                   help="with --adapt: the window of latest scores each gate keeps")
     p.add_argument("--canary-rate", type=float, default=0.0, metavar="R",
                    help="canary trajectories injected per real step (default 0: none)")
     p.add_argument("--canaries", metavar="PATH",

@@ -98,6 +98,13 @@ def build_worker(
         )[0]
     if "screen" in config.roles:
         assert screener is not None
+        if config.adapt_window:
+            from monitor.adaptive import LiveGates
+
+            screener.live = LiveGates(screener.policy, window=config.adapt_window,
+                                      min_count=min(500, config.adapt_window // 4))
+            report(f"vigil stream: gate thresholds adapt to the stream's last "
+                   f"{config.adapt_window} scores at each gate (--adapt)")
         screen = ScreenStage(screener, topics, stats=stats, report=report, on_step=on_step,
                              metrics=metrics, canaries=injector,
                              execution_timeout_s=config.execution_timeout_s,

@@ -49,6 +49,7 @@ class WorkerConfig:
     execution_timeout_s: float = 600.0  # a rollout execution silent this long is closed
     max_open_executions: int = 10_000  # ... and the oldest beyond this many open
     watch_interval_s: float = 1.0  # ask the broker this often whether it is there
+    adapt_window: int | None = None  # live gate thresholds over this many scores (--adapt)
 
     def group_of(self, role: str) -> str:
         return f"{self.group}-{'reassembly' if role == 'reassemble' else role}"

@@ -28,7 +28,18 @@ from monitor.stream.verdicts import RolloutVerdicts
 from streams.bus import Bus, Message
 from streams.config import Topics
 from streams.processor import Output, Positions, StreamProcessor
-from streams.records import Escalation, LabelRecord, Record, Score, Source, Step, StepEvent
+from streams.records import (
+    Escalation,
+    GateState,
+    LabelRecord,
+    Record,
+    RecordError,
+    Score,
+    Source,
+    Step,
+    StepEvent,
+    decode,
+)
 
 if TYPE_CHECKING:
     from dashboards.canary import CanaryInjector
@@ -68,6 +79,7 @@ class ScreenStage:
         execution_timeout_s: float = 600.0,
         on_step: Callable[[ScreenedStep], None] | None = None,
         report: Report = stderr,
+        gates_every_s: float = 10.0,
     ) -> None:
         self.screener = screener
         self.topics = topics
@@ -80,13 +92,30 @@ class ScreenStage:
                                         max_open_executions=max_open_executions)
         self.on_step = on_step
         self.report = report
+        self.gates_every_s = gates_every_s  # how often live gate sketches are saved
+        self._gates_saved = 0.0
+        self._gates_restored_at = 0.0  # created_at of the sketches resumed from
+        self._screened = False  # whether this process has screened a step yet
+        self._group = "vigil-screen"
         self._l1_signals = set(screener.policy.config.tiers[1].signals)
         self._canaries_seen: OrderedDict[str, None] = OrderedDict()  # redelivered re-injections
+        if metrics is not None:
+            for k, g in enumerate(screener.policy.gates):
+                metrics.gate_budget.labels(gate=f"L{k}").set(g.budget)
+                metrics.gate_threshold.labels(gate=f"L{k}", kind="calibrated").set(g.threshold)
 
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 64) -> StreamProcessor:
+        inputs: dict[str, type[Record]] = {self.topics.steps_rollout: StepEvent,
+                                           self.topics.steps_deployment: StepEvent}
+        self._group = group_id
+        if self.screener.live is not None:
+            # the stage reads its own saved sketches back, so the group's commits cover them
+            # and a restart resumes from the last one committed (read_before_committed)
+            inputs[self.topics.gates] = GateState
+            self._restore_gates(bus, group_id)
         return StreamProcessor(
             bus,
-            {self.topics.steps_rollout: StepEvent, self.topics.steps_deployment: StepEvent},
+            inputs,
             group_id,
             batch_handler=self.handle_batch,
             deadletter_topic=self.topics.deadletter,
@@ -95,6 +124,51 @@ class ScreenStage:
             tick=self.tick,
             ensure_topics=self.topics.all(),
         )
+
+    def _restore_gates(self, bus: Bus, group_id: str) -> None:
+        """Resume the live gates from the newest sketches this group saved and committed."""
+        assert self.screener.live is not None
+        latest: GateState | None = None
+        try:
+            for m in bus.read_before_committed(self.topics.gates, group_id, 1):
+                try:
+                    rec = decode(m.value, GateState)
+                except RecordError:
+                    continue
+                if rec.group == group_id and (latest is None or rec.created_at > latest.created_at):
+                    latest = rec
+            if latest is not None:
+                self.screener.live.restore(latest.state.encode())
+                self._gates_restored_at = latest.created_at
+        except Exception as e:  # noqa: BLE001 - start from the calibrated thresholds instead
+            self.report(f"vigil stream: live gates start afresh ({type(e).__name__}: {e})")
+            return
+        if latest is not None:
+            seen = [g.scores.n for g in self.screener.live.gates]
+            self.report(f"vigil stream: live gates resumed from the sketches saved at "
+                        f"{time.strftime('%H:%M:%S', time.localtime(latest.created_at))} "
+                        f"({', '.join(f'L{k}: {n} scores' for k, n in enumerate(seen))})")
+
+    def _resume(self, rec: GateState) -> None:
+        """Before this process screens its first step, the newest sketches its group saved
+        after the last commit (published with a batch's outputs, not yet read back) win;
+        afterwards the stage's own sketches are newer."""
+        live = self.screener.live
+        if live is None or self._screened or rec.group != self._group:
+            return
+        if rec.created_at > self._gates_restored_at:
+            live.restore(rec.state.encode())
+            self._gates_restored_at = rec.created_at
+
+    def _save_gates(self, now: float) -> list[Output]:
+        """The live gates' sketches, every ``gates_every_s``, onto the gates topic."""
+        live = self.screener.live
+        if live is None or now - self._gates_saved < self.gates_every_s:
+            return []
+        self._gates_saved = now
+        rec = GateState(group=self._group, state=live.to_bytes().decode(), created_at=now)
+        return [Output(self.topics.gates, rec, key=self._group,
+                       idempotency_key=f"{self._group}/gates/{now:.3f}")]
 
     def tick(self) -> list[Output]:
         """Verdicts, marked incomplete, for open executions that went quiet."""
@@ -109,6 +183,7 @@ class ScreenStage:
         events = self._fresh(items)
         if not events:
             return []
+        self._screened = True
         pending: dict[str, OrderedDict[str, tuple[Step, str | None]]] = {}
         steps: list[ScreenStep] = []
         for e, _ in events:
@@ -145,6 +220,7 @@ class ScreenStage:
         while len(self._canaries_seen) > 100_000:
             self._canaries_seen.popitem(last=False)
         outputs.extend(self._inject(events, canary))
+        outputs.extend(self._save_gates(now))
         self.stats.add_tiers((v.tier for v, c in zip(verdicts, canary, strict=True) if not c))
         self.stats.add("canaries", sum(canary))
         self.stats.add("canaries_to_review",
@@ -158,6 +234,9 @@ class ScreenStage:
         upstream re-injects the same canary instances)."""
         events: list[tuple[StepEvent, Message]] = []
         for rec, m in items:
+            if isinstance(rec, GateState):  # saved sketches read back
+                self._resume(rec)
+                continue
             if not isinstance(rec, StepEvent):  # pragma: no cover - the models map admits these
                 raise TypeError(f"expected a step event, got {rec.kind}")
             if is_canary(rec.meta):
@@ -242,6 +321,9 @@ class ScreenStage:
         assert m is not None
         took = {t: self.screener.timings.get(f"L{t}", 0.0) - spent.get(f"L{t}", 0.0)
                 for t in (0, 1)}
+        if self.screener.live is not None:
+            for k, t in enumerate(self.screener.live.thresholds()):
+                m.gate_threshold.labels(gate=f"L{k}", kind="live").set(t)
         for (e, _), v, c in zip(events, verdicts, canary, strict=True):
             flag = "true" if c else "false"
             for t in range(min(v.tier, 2) + 1):

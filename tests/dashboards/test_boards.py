@@ -223,6 +223,8 @@ def _exercise(stop: threading.Event, registry: CollectorRegistry) -> None:
         w.reviews.labels(backend="local", outcome="ok").inc()
         w.reviews.labels(backend="local", outcome="error").inc(i % 2)
         w.reviewer_cost.labels(backend="local").inc(1.5)
+        w.gate_budget.labels(gate="L0").set(0.2)
+        w.gate_threshold.labels(gate="L0", kind="calibrated").set(0.31)
         w.verdicts.labels(quarantine="true").inc()
         w.verdicts.labels(quarantine="false").inc(3)
         w.pages.labels(result="opened").inc()

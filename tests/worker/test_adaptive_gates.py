@@ -1,0 +1,76 @@
+"""The screen stage with live gate thresholds (``monitor stream --adapt``) on the real broker:
+it screens with thresholds that move off the calibrated ones, exports both, saves its
+sketches to the gates topic, and a restarted stage resumes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from dashboards.metrics import WorkerMetrics
+from monitor.adaptive import LiveGates
+from monitor.pipeline import load_screener
+from monitor.stream.screen import ScreenStage
+from streams.config import KafkaSettings, Topics
+from streams.kafka import KafkaBus
+from streams.processor import publish_record
+from streams.records import Trajectory, step_events
+
+
+def _slack(small_agentdojo: Path, copies: int) -> list[Trajectory]:
+    rows = [json.loads(line) for line in (small_agentdojo / "trajectories.jsonl").open()]
+    slack = [r for r in rows if r["meta"]["split"] == "test_slack"]
+    return [Trajectory.model_validate({**r, "trajectory_id": f"{r['trajectory_id']}/r{i}"})
+            for i in range(copies) for r in slack]
+
+
+def _stage(tiny_policy: Path, topics: Topics, said: list[str]) -> tuple[ScreenStage, WorkerMetrics]:
+    screener = load_screener(tiny_policy, reviewer=False)
+    screener.live = LiveGates(screener.policy, window=200, min_count=40)
+    metrics = WorkerMetrics(CollectorRegistry())
+    return ScreenStage(screener, topics, metrics=metrics, report=said.append,
+                       gates_every_s=0.0), metrics
+
+
+def test_live_gates_move_are_exported_and_resume_after_a_restart(
+    kafka_settings: KafkaSettings, topics: Topics, tiny_policy: Path, small_agentdojo: Path,
+    unique: str,
+) -> None:
+    bus = KafkaBus(kafka_settings)
+    bus.ensure_topics(topics.all())
+    for t in _slack(small_agentdojo, 2):
+        for e in step_events(t):
+            publish_record(bus, topics.steps_deployment, e, key=e.trajectory_id)
+    bus.flush()
+    group = f"{unique}.screen"
+    said: list[str] = []
+    stage, metrics = _stage(tiny_policy, topics, said)
+    stage.processor(bus, group, batch_size=16).run(idle_timeout_s=3.0)
+    live = stage.screener.live
+    assert live is not None and stage.stats.steps > 0
+    seen = [g.scores.n for g in live.gates]
+    assert seen[0] > 40  # every step reached gate L0 ...
+    moved = live.thresholds()
+    calibrated = tuple(g.threshold for g in stage.screener.policy.gates)
+    assert moved[0] != calibrated[0]  # ... and its threshold left the calibrated one
+    value = metrics.registry.get_sample_value
+    assert value("vigil_gate_threshold", {"gate": "L0", "kind": "calibrated"}) == calibrated[0]
+    assert value("vigil_gate_threshold", {"gate": "L0", "kind": "live"}) == moved[0]
+    assert value("vigil_gate_budget", {"gate": "L0"}) == stage.screener.policy.gates[0].budget
+
+    # a new process of the same group starts from the sketches the first one saved
+    said2: list[str] = []
+    again, _ = _stage(tiny_policy, topics, said2)
+    assert again.screener.live is not None
+    again.processor(bus, group, batch_size=16).run(idle_timeout_s=2.0)
+    assert any("live gates resumed" in s for s in said2), said2
+    assert [g.scores.n for g in again.screener.live.gates] == seen
+    assert again.screener.live.thresholds() == moved
+    # another group has nothing saved: it starts from the calibrated thresholds
+    fresh, _ = _stage(tiny_policy, topics, [])
+    fresh.processor(bus, f"{unique}.other", batch_size=16)
+    assert fresh.screener.live is not None
+    assert fresh.screener.live.thresholds() == calibrated
+    bus.close()
