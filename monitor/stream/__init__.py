@@ -8,7 +8,8 @@ Four stages, each a consumer group of its own, so each scales by running more me
         ├─> vigil.scores            Score(tier=0) for every step, Score(tier=1) for what L1 scored
         ├─> vigil.escalations       Escalation(tier=2) with the trajectory so far
         ├─> vigil.labels            the labels of replayed benchmark steps and canaries
-        └─> vigil.verdicts.rollout  one RolloutVerdict per execution (trainer admission)
+        ├─> vigil.verdicts.rollout  one RolloutVerdict per execution (trainer admission)
+        └─> vigil.gates             live gate sketches (--adapt), read back on a restart
     vigil.escalations (tier 2) ─ review (L2) ─> Score(tier=2), Escalation(tier=3),
                                                 and a page: POST {paging}/api/v1/events
     vigil.labels + vigil.scores ─ recall ─> vigil_labelled_steps_total (Prometheus)
