@@ -261,15 +261,13 @@ def calibrate(
                 reviewed_tr = fit_tr
                 new_tr = [
                     v.signals() if v else {}
-                    for v in probe.review_signals(
-                        [train.steps[i] for i in fit_tr], [rows_tr[i] for i in fit_tr]
-                    )
+                    for v in _review(probe, [train.steps[i] for i in fit_tr],
+                                     [rows_tr[i] for i in fit_tr], "train", log)
                 ]
                 new_va = [
                     v.signals() if v else {}
-                    for v in probe.review_signals(
-                        [val.steps[i] for i in reach_va], [rows_va[i] for i in reach_va]
-                    )
+                    for v in _review(probe, [val.steps[i] for i in reach_va],
+                                     [rows_va[i] for i in reach_va], "val", log)
                 ]
             for i, r in zip(fit_tr, new_tr, strict=True):
                 rows_tr[i].update(r)
@@ -349,6 +347,19 @@ def calibrate(
         metrics=metrics,
         trajectory=trajectory,
     )
+
+
+def _review(probe: Screener, steps: list[ScreenStep], rows: list[dict[str, float]], what: str,
+            log: Log, chunk: int = 16) -> list[Any]:
+    """The reviewer's verdicts on ``steps``, a chunk at a time, with a progress line each."""
+    out: list[Any] = []
+    t0 = time.perf_counter()
+    for i in range(0, len(steps), chunk):
+        out += probe.review_signals(steps[i:i + chunk], rows[i:i + chunk])
+        done, dt = min(i + chunk, len(steps)), time.perf_counter() - t0
+        log(f"calibrate: reviewed {done}/{len(steps)} {what} steps ({done / dt:.2f}/s, "
+            f"ETA {dt / done * (len(steps) - done):.0f} s)")
+    return out
 
 
 def _before(row: Mapping[str, float], post: frozenset[str]) -> dict[str, float]:
