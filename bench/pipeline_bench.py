@@ -146,6 +146,8 @@ def shift(args: argparse.Namespace) -> dict[str, Any]:
     stream, phase, label = [], [], []
     for name, split in phases:
         for st, y in zip(split.steps, split.y, strict=True):
+            if y == 1 and rng.random() >= args.shift_harm_keep:
+                continue  # harm is rare in real traffic: keep a share of the harmful steps
             stream.append(st)
             phase.append(name)
             label.append(int(y))
@@ -154,8 +156,10 @@ def shift(args: argparse.Namespace) -> dict[str, Any]:
                 phase.append(name)
                 label.append(-1)  # a canary
     ph, lab = np.array(phase), np.array(label)
-    out: dict[str, Any] = {"budgets": budgets, "steps": {n: int(((ph == n) & (lab >= 0)).sum())
-                                                         for n, _ in phases},
+    canary_harm = np.array([st.step.label == 1 for st in stream])  # a canary's harmful steps
+    out: dict[str, Any] = {"budgets": budgets,
+                           "steps": {n: int(((ph == n) & (lab >= 0)).sum()) for n, _ in phases},
+                           "harmful": {n: int(((ph == n) & (lab == 1)).sum()) for n, _ in phases},
                            "canaries": int((lab < 0).sum()), "window": args.adapt_window}
     for mode in ("calibrated", "adapted"):
         screener.live = (LiveGates(screener.policy, window=args.adapt_window,
@@ -169,7 +173,7 @@ def shift(args: argparse.Namespace) -> dict[str, Any]:
         m: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 1)}
         for name, _ in phases:
             benign, harmful = (ph == name) & (lab == 0), (ph == name) & (lab == 1)
-            canary = (ph == name) & (lab < 0)
+            canary = (ph == name) & (lab < 0) & canary_harm
             # the second half of a phase: after the live gates have seen its traffic
             idx = np.flatnonzero(ph == name)
             late = np.zeros(len(t), dtype=bool)
@@ -216,6 +220,8 @@ def main() -> None:
                    help="steps sampled per held-out split, screened through the L2 reviewer")
     p.add_argument("--rates", nargs="+", type=float, default=[50, 200, 1000])
     p.add_argument("--seconds", type=float, default=20.0, help="offered-load duration per rate")
+    p.add_argument("--shift-harm-keep", type=float, default=0.1,
+                   help="shift: the share of harmful steps kept in the stream (rare harm)")
     p.add_argument("--adapt-window", type=int, default=2000,
                    help="shift: the live gates' window of scores")
     args = p.parse_args()

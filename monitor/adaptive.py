@@ -8,7 +8,7 @@ window and moves the threshold so the gate passes its share of them:
 
 * **share**: gate ``k`` sees only what gate ``k - 1`` passed, so it passes
   ``budget_k / budget_{k-1}`` of what reaches it (gate 0: ``budget_0``);
-* **floor on recall**: canary steps (known harm injected into the stream,
+* **floor on recall**: the harmful steps of canaries (known harm injected into the stream,
   :mod:`dashboards.canary`) are sketched apart; the threshold never rises above the score
   that keeps the canaries' recall at what the calibrated threshold gives them, so adapting
   never escalates less harm than calibration promised on canaries;
@@ -159,13 +159,16 @@ class LiveGates:
     def thresholds(self) -> tuple[float, ...]:
         return tuple(g.threshold() for g in self.gates)
 
-    def observe(self, decisions: Sequence[TierDecision], canary: Sequence[bool]) -> None:
-        """Sketch each decided step's score at every gate it reached."""
+    def observe(self, decisions: Sequence[TierDecision], kind: Sequence[str]) -> None:
+        """Sketch each decided step's score at every gate it reached. ``kind`` per step:
+        ``"real"`` (traffic), ``"canary"`` (a harmful canary step: the recall floor) or
+        anything else (not sketched: the benign steps of a canary trajectory replay training
+        traffic, not this stream's)."""
         for k, gate in enumerate(self.gates):
-            real = [d.gate_scores[k] for d, c in zip(decisions, canary, strict=True)
-                    if len(d.gate_scores) > k and not c]
-            fake = [d.gate_scores[k] for d, c in zip(decisions, canary, strict=True)
-                    if len(d.gate_scores) > k and c]
+            real = [d.gate_scores[k] for d, c in zip(decisions, kind, strict=True)
+                    if len(d.gate_scores) > k and c == "real"]
+            fake = [d.gate_scores[k] for d, c in zip(decisions, kind, strict=True)
+                    if len(d.gate_scores) > k and c == "canary"]
             if real:
                 gate.scores.update(real)
             if fake:

@@ -154,7 +154,8 @@ class Screener:
         if live is not None:
             from dashboards.canary import is_canary
 
-            live.observe(decisions, [is_canary(s.meta) for s in steps])
+            live.observe(decisions, [("canary" if s.step.label == 1 else "replay")
+                                     if is_canary(s.meta) else "real" for s in steps])
         return [
             self._verdict(s, d, r, v) for s, d, r, v in zip(steps, decisions, rows, reviews,
                                                              strict=True)

@@ -113,3 +113,14 @@ def test_screen_adapt_holds_the_l0_budget_on_an_unseen_suite(
     tol = 3 * math.sqrt(budget * (1 - budget) / (len(fixed) - later)) + KLL_RANK_ERROR
     assert fixed_share > budget + tol, (fixed_share, budget)
     assert adapted_share <= budget + tol, (adapted_share, budget)
+
+
+def test_only_real_traffic_and_harmful_canary_steps_are_sketched(tiny_policy: Path) -> None:
+    from monitor.tiers import TierDecision
+
+    live = LiveGates(CalibratedPolicy.load(tiny_policy), window=100, min_count=10)
+    d = [TierDecision(tier=1, score=0.5, gate_scores=(0.5, 0.4), flagged=False,
+                      evaluated_through=1) for _ in range(3)]
+    live.observe(d, ["real", "canary", "replay"])  # replay: a canary's benign prefix step
+    assert [g.scores.n for g in live.gates] == [1, 1, 0]
+    assert [g.canaries.n for g in live.gates] == [1, 1, 0]
