@@ -6,6 +6,7 @@ Export writes, under ``out_dir``::
     dashboards/vigil-overview.json, vigil-recall.json, vigil-rl-health.json
     provisioning/dashboards/vigil.yaml    a file provider: those dashboards, in folder "vigil"
     provisioning/datasources/vigil.yaml   the Prometheus data source, uid vigil-prometheus
+    prometheus/vigil-alerts.yaml          alerting rules (dashboards.alerts), for rule_files
 
 Point Grafana's ``paths.provisioning`` (``GF_PATHS_PROVISIONING``) at ``out_dir/provisioning``.
 The output is byte-identical from run to run.
@@ -75,6 +76,12 @@ def export_dashboards(out_dir: str | Path, prometheus_url: str = DEFAULT_PROMETH
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(_yaml(doc), encoding="utf-8")
         written.append(path)
+    from dashboards.alerts import alert_rules
+
+    path = out / "prometheus" / "vigil-alerts.yaml"  # for prometheus.yml's rule_files
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_yaml(alert_rules()), encoding="utf-8")
+    written.append(path)
     return written
 
 

@@ -40,7 +40,8 @@ def test_export_is_byte_identical_across_runs(exported: Path, tmp_path: Path) ->
     written = export_dashboards(again, "http://prom.example:9090", dashboards_path="/var/lib/vigil")
     assert sorted(str(p.relative_to(again)) for p in written) == sorted([
         *(f"dashboards/{u}.json" for u in UIDS),
-        "provisioning/dashboards/vigil.yaml", "provisioning/datasources/vigil.yaml"])
+        "provisioning/dashboards/vigil.yaml", "provisioning/datasources/vigil.yaml",
+        "prometheus/vigil-alerts.yaml"])
     assert _tree(again) == _tree(exported)
     export_dashboards(again, "http://prom.example:9090", dashboards_path="/var/lib/vigil")
     assert _tree(again) == _tree(exported)  # overwriting changes nothing either
