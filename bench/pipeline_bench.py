@@ -162,8 +162,7 @@ def shift(args: argparse.Namespace) -> dict[str, Any]:
                            "harmful": {n: int(((ph == n) & (lab == 1)).sum()) for n, _ in phases},
                            "canaries": int((lab < 0).sum()), "window": args.adapt_window}
     for mode in ("calibrated", "adapted"):
-        screener.live = (LiveGates(screener.policy, window=args.adapt_window,
-                                   min_count=min(500, args.adapt_window // 4))
+        screener.live = (LiveGates(screener.policy, window=args.adapt_window)
                          if mode == "adapted" else None)
         tiers = []
         t0 = time.perf_counter()

@@ -47,6 +47,7 @@ class WindowSketch:
         self.k = k
         self._old = self._new()
         self._cur = self._new()
+        self._merged_cache: Any = None  # the window as one sketch, until the next update
 
     def _new(self) -> Any:
         from datasketches import kll_doubles_sketch
@@ -65,13 +66,16 @@ class WindowSketch:
             self._cur.update(float(v))
             if self._cur.n >= half:
                 self._old, self._cur = self._cur, self._new()
+        self._merged_cache = None
 
     def _merged(self) -> Any:
-        m = self._new()
-        for s in (self._old, self._cur):
-            if not s.is_empty():
-                m.merge(s)
-        return m
+        if self._merged_cache is None:
+            m = self._new()
+            for s in (self._old, self._cur):
+                if not s.is_empty():
+                    m.merge(s)
+            self._merged_cache = m
+        return self._merged_cache
 
     def quantile(self, q: float) -> float:
         """The value with a share ``q`` of the window below it (NaN when empty)."""
@@ -140,8 +144,12 @@ class LiveGates:
     that reached it; canary steps go to the canary sketches).
     """
 
-    def __init__(self, policy: CalibratedPolicy, *, window: int = 20_000, min_count: int = 500,
-                 proposal: bool = False) -> None:
+    def __init__(self, policy: CalibratedPolicy, *, window: int = 20_000,
+                 min_count: int | None = None, proposal: bool = False) -> None:
+        """``min_count``: scores a gate waits for before it moves (default: a quarter of the
+        window, at most 500)."""
+        if min_count is None:
+            min_count = min(500, window // 4)
         self.policy = policy
         self.proposal = proposal
         budgets = [g.budget for g in policy.gates]

@@ -241,11 +241,9 @@ def calibrate(
             # the tier's models run on the steps that reached it
             if k == 1:
                 new_tr = probe.tier_signals(1, [train.steps[i] for i in fit_tr])
-                reach_l1 = np.union1d(reach_va, reach_pre)
-                new_l1 = probe.tier_signals(1, [val.steps[i] for i in reach_l1])
-                for i, r in zip(reach_l1, new_l1, strict=True):
-                    rows_va[i].update(r)
-                new_va = []
+                # L1 also runs on the val steps that reach it only as proposals
+                ran_va = np.union1d(reach_va, reach_pre)
+                new_va = probe.tier_signals(1, [val.steps[i] for i in ran_va])
             else:
                 if review_limit is not None and len(fit_tr) > review_limit:
                     fit_tr = stratified_subsample(fit_tr, train.y[fit_tr], review_limit, seed)
@@ -258,7 +256,7 @@ def calibrate(
                     unreviewed_va = np.setdiff1d(harmful_va, keep)
                     reach_va = np.sort(np.concatenate([reach_va[val.y[reach_va] == 0], keep]))
                 log(f"calibrate: reviewing {len(fit_tr)} train and {len(reach_va)} val steps")
-                reviewed_tr = fit_tr
+                reviewed_tr, ran_va = fit_tr, reach_va
                 new_tr = [
                     v.signals() if v else {}
                     for v in _review(probe, [train.steps[i] for i in fit_tr],
@@ -271,7 +269,7 @@ def calibrate(
                 ]
             for i, r in zip(fit_tr, new_tr, strict=True):
                 rows_tr[i].update(r)
-            for i, r in zip(reach_va if k == 2 else [], new_va, strict=True):
+            for i, r in zip(ran_va, new_va, strict=True):
                 rows_va[i].update(r)
         names = config.gate_signals(k)
         comb = fit_gate(

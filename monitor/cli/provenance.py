@@ -23,10 +23,10 @@ FPR = 0.01
 
 
 def _features(data: Sequence[str], splits: Sequence[str] | None) -> dict[str, Any]:
-    import numpy as np
-
     """Provenance features of every transition of ``splits`` (all when None), with labels,
     domains, splits and the CPU time a step took."""
+    import numpy as np
+
     from monitor.progress import Progress
     from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_transitions
@@ -46,7 +46,6 @@ def _features(data: Sequence[str], splits: Sequence[str] | None) -> dict[str, An
 
 
 def _at_threshold(y: np.ndarray, s: np.ndarray, thr: float) -> dict[str, Any]:
-
     from dashboards.recall import auroc
 
     return {"steps": int(len(y)), "harmful": int(y.sum()), "auroc": auroc(y, s),
@@ -55,7 +54,6 @@ def _at_threshold(y: np.ndarray, s: np.ndarray, thr: float) -> dict[str, Any]:
 
 
 def nested_lodo(x: np.ndarray, y: np.ndarray, domains: np.ndarray) -> dict[str, Any]:
-
     """Per training domain: C and features chosen by LODO over the *other* domains only,
     fitted on them, scored on the held-out one at the threshold giving 1 % FPR on their
     benign steps (nothing of the held-out domain enters any choice)."""

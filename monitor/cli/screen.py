@@ -123,8 +123,7 @@ def cmd_screen(args: argparse.Namespace) -> int:
     if args.adapt:
         from monitor.adaptive import LiveGates
 
-        screener.live = LiveGates(screener.policy, window=args.adapt_window,
-                                  min_count=min(500, args.adapt_window // 4))
+        screener.live = LiveGates(screener.policy, window=args.adapt_window)
     through = 1 if args.no_review else 2
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
     t0 = time.perf_counter()

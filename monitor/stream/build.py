@@ -101,8 +101,7 @@ def build_worker(
         if config.adapt_window:
             from monitor.adaptive import LiveGates
 
-            screener.live = LiveGates(screener.policy, window=config.adapt_window,
-                                      min_count=min(500, config.adapt_window // 4))
+            screener.live = LiveGates(screener.policy, window=config.adapt_window)
             report(f"vigil stream: gate thresholds adapt to the stream's last "
                    f"{config.adapt_window} scores at each gate (--adapt)")
         screen = ScreenStage(screener, topics, stats=stats, report=report, on_step=on_step,
