@@ -97,6 +97,9 @@ class LabelledSplit:
     trajectory: tuple[str, ...] = ()
     # per trajectory key: 1 if harmful (any step, or the trajectory-level label)
     trajectory_label: Mapping[str, int] = field(default_factory=dict)
+    # per step, its domain (worldmodel.datasets.domains): cross-fitting scores each step
+    # with the fold models that never saw it; empty: not known
+    domains: tuple[str, ...] = ()
 
     def trajectories(self) -> tuple[list[str], dict[str, int]]:
         """Each step's trajectory key, and each trajectory's label."""
@@ -145,11 +148,12 @@ def load_split(
     """The steps and labels of ``split`` over ``datasets``; with ``limit``, a seeded sample
     of about that many steps in whole trajectories (stratified by trajectory label), so the
     trajectory aggregation is fitted on trajectories as ``monitor screen`` sees them."""
+    from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_manifest, read_transitions
 
     if split.startswith("test"):
         raise ValueError(f"split {split!r} is held out: calibration never reads it")
-    steps, labels, keys, hashes = [], [], [], []
+    steps, labels, keys, hashes, domains = [], [], [], [], []
     traj_label: dict[str, int] = {}
     for n, d in enumerate(datasets):
         hashes.append(read_manifest(d).content_hash)
@@ -158,6 +162,7 @@ def load_split(
             labels.append(int(t.label))
             key = f"{n}:{t.trajectory_id}"
             keys.append(key)
+            domains.append(domain_of(t))
             weak = trajectory_label_of(t)
             traj_label[key] = max(
                 traj_label.get(key, 0), int(t.label) if weak is None else weak
@@ -167,13 +172,14 @@ def load_split(
         keep = whole_trajectory_subsample(keys, traj_label, limit, seed)
         steps = [steps[i] for i in keep]
         keys = [keys[i] for i in keep]
+        domains = [domains[i] for i in keep]
         y = y[keep]
         traj_label = {k: traj_label[k] for k in dict.fromkeys(keys)}
     return LabelledSplit(
         steps, y,
         data_hash([*hashes, split, str(limit), str(seed)]
                   + (["whole-trajectories"] if limit is not None else [])),
-        tuple(keys), traj_label,
+        tuple(keys), traj_label, tuple(domains),
     )
 
 
@@ -199,9 +205,15 @@ def calibrate(
     data: Mapping[str, Any] | None = None,
     review_limit: int | None = None,
     seed: int = 0,
+    folds: Mapping[str, tuple[Sequence[Scorer], Sequence[Scorer]]] | None = None,
     log: Log = _stderr,
 ) -> CalibratedPolicy:
     """Fit each gate on ``train`` and set its threshold on benign ``val`` steps, in cascade.
+
+    With ``folds`` (cross-fitting, :mod:`monitor.crossfit`: per domain, the L0 and L1
+    scorers of models trained without it), every step's L0 and L1 signals come from its
+    domain's fold, so each gate is fitted and thresholded on out-of-domain scores; a step of
+    a domain without a fold is scored by the full models.
 
     Gate ``k`` is fitted on the training steps that reach it: every harmful
     one, the benign ones its earlier gates pass, and (so that it always sees
@@ -220,10 +232,36 @@ def calibrate(
     """
     l0, l1, reviewer = screener_parts
     probe = Screener(policy=None, l0=l0, l1=l1, reviewer=reviewer)  # type: ignore[arg-type]
+    by_domain = {
+        d: Screener(policy=None, l0=f0, l1=f1, reviewer=None)  # type: ignore[arg-type]
+        for d, (f0, f1) in (folds or {}).items()
+    }
+
+    def signals(k: int, split: LabelledSplit, idx: np.ndarray) -> list[dict[str, float]]:
+        """Tier ``k``'s signals of ``split.steps[idx]``, each from its domain's fold."""
+        if not by_domain:
+            return probe.tier_signals(k, [split.steps[i] for i in idx])
+        dom = np.asarray(split.domains, dtype=object)[idx]
+        out: list[dict[str, float]] = [{} for _ in idx]
+        for d in dict.fromkeys(dom.tolist()):
+            at = np.flatnonzero(dom == d)
+            rows = by_domain.get(d, probe).tier_signals(k, [split.steps[idx[j]] for j in at])
+            for j, r in zip(at, rows, strict=True):
+                out[j] = r
+        return out
+
+    if by_domain:
+        seen = set(train.domains) | set(val.domains)
+        if len(train.domains) != len(train.steps) or len(val.domains) != len(val.steps):
+            raise ValueError("cross-fitting needs each step's domain (load_split gives them)")
+        log(f"calibrate: cross-fitting over {len(by_domain)} domain folds; "
+            + ("no fold for " + ", ".join(sorted(seen - set(by_domain))) + " (full models); "
+               if seen - set(by_domain) else "")
+            + "gates fitted and thresholded on out-of-domain scores")
     t0 = time.perf_counter()
     log(f"calibrate: L0 signals for {len(train.steps)} train and {len(val.steps)} val steps")
-    rows_tr = probe.tier_signals(0, train.steps)
-    rows_va = probe.tier_signals(0, val.steps)
+    rows_tr = signals(0, train, np.arange(len(train.steps)))
+    rows_va = signals(0, val, np.arange(len(val.steps)))
     unreviewed_va = np.zeros(0, dtype=int)  # harmful val steps reaching L2 left unreviewed
     reviewed_tr = np.arange(len(train.steps))  # training steps the reviewer graded
     fit_tr = np.arange(len(train.steps))  # training steps the current gate is fitted on
@@ -240,10 +278,10 @@ def calibrate(
         if k > 0:
             # the tier's models run on the steps that reached it
             if k == 1:
-                new_tr = probe.tier_signals(1, [train.steps[i] for i in fit_tr])
+                new_tr = signals(1, train, fit_tr)
                 # L1 also runs on the val steps that reach it only as proposals
                 ran_va = np.union1d(reach_va, reach_pre)
-                new_va = probe.tier_signals(1, [val.steps[i] for i in ran_va])
+                new_va = signals(1, val, ran_va)
             else:
                 if review_limit is not None and len(fit_tr) > review_limit:
                     fit_tr = stratified_subsample(fit_tr, train.y[fit_tr], review_limit, seed)
@@ -328,8 +366,16 @@ def calibrate(
         "val": gate_metrics(decisions, val.y[counted]),
         "val_harmful_unreviewed_left_out": int(len(unreviewed_va)),
         "seconds": round(time.perf_counter() - t0, 1),
-        "timings": {k: round(v, 2) for k, v in probe.timings.items()},
+        "timings": {k: round(sum(s.timings.get(k, 0.0) for s in (probe, *by_domain.values())), 2)
+                    for k in ("L0", "L1", "L2") if k in probe.timings
+                    or any(k in s.timings for s in by_domain.values())},
     }
+    if by_domain:
+        metrics["cross_fit"] = {
+            "domains": sorted(by_domain),
+            "note": "gates fitted and thresholded on out-of-domain scores; the val figures "
+                    "are out-of-domain",
+        }
     unreviewed_tr = np.setdiff1d(np.arange(len(train.steps)), reviewed_tr)
     if reviewer is None:  # nothing is reviewed, as in `monitor screen` without a reviewer
         unreviewed_tr = unreviewed_va = np.zeros(0, dtype=int)

@@ -38,10 +38,13 @@ class DefaultSizes:
     calibrate_train_limit: int
     review_limit: int  # at most this many training steps are reviewed to fit the L2 gate
     miniwob: bool = True  # record MiniWoB++ (headless Chromium, ~3 min) for the corpus
+    # fit and threshold the gates on out-of-domain scores (monitor.crossfit): one fold of
+    # each trained model per step-labelled training domain
+    cross_fit: bool = True
 
 
 FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 60)
-SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False)
+SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False, cross_fit=False)
 
 
 def ensure_policy(policy: str | Path | None = None, *, log: Log = _stderr) -> Path:
@@ -86,6 +89,13 @@ def prepare_defaults(
     # labels) and ToolEmu (trajectory labels, by multiple-instance learning)
     datasets = [str(paths[n]) for n in ("agentdojo", "toolemu", "miniwob")
                 if (paths[n] / "manifest.json").exists()]
+    folds_root = vigil.paths.models_dir() / "folds"
+    if not all((paths[n] / f).exists() for n, f in (
+            ("worldmodel", "model.pt"), ("provenance", "provenance.json"),
+            ("probes", "bundle.json"))):
+        import shutil
+
+        shutil.rmtree(folds_root, ignore_errors=True)  # folds of models about to be replaced
     if not (paths["worldmodel"] / "model.pt").exists():
         from worldmodel.train import TrainConfig, train
 
@@ -118,13 +128,29 @@ def prepare_defaults(
     # the gates stack step-labelled data only: a ToolEmu step carries its trajectory's label
     step_labelled = [str(paths[n]) for n in ("agentdojo", "miniwob")
                      if (paths[n] / "manifest.json").exists()]
+    models = {"worldmodel": str(paths["worldmodel"]), "probes": str(paths["probes"]),
+              "provenance": str(paths["provenance"])}
+    folds = None
+    if sizes.cross_fit:
+        from monitor.crossfit import FoldSpec, domains_of, train_folds
+
+        spec = FoldSpec(
+            models=models,
+            provenance_data=str(paths["agentdojo"]),
+            probes_data=str(paths["agentdojo"]),
+            probe_layers=sizes.probe_layers,
+            probe_train_limit=sizes.probe_train_limit,
+            probe_cache=str(paths["probe_cache"]),
+        )
+        domains = sorted(set().union(*domains_of(step_labelled).values()))
+        folds = train_folds(spec, domains, folds_root, log=log)
     calibrate_default(
         config or default_policy_config(),
         step_labelled,
         paths["policy"],
-        models={"worldmodel": str(paths["worldmodel"]), "probes": str(paths["probes"]),
-                "provenance": str(paths["provenance"])},
+        models=models,
         sizes=sizes,
+        folds=folds,
         log=log,
     )
     log(f"vigil: defaults ready in {time.perf_counter() - t0:.0f} s ({paths['policy']})")
@@ -191,13 +217,25 @@ def calibrate_default(
     models: dict[str, str],
     sizes: DefaultSizes = FULL,
     reviewer: bool = True,
+    folds: dict[str, dict[str, str]] | None = None,
     log: Log = _stderr,
 ) -> Path:
-    """Calibrate ``config`` with the given model bundles on ``datasets`` and save it to ``out``."""
+    """Calibrate ``config`` with the given model bundles on ``datasets`` and save it to
+    ``out``; with ``folds`` (per domain, its fold's bundle folders: :mod:`monitor.crossfit`),
+    on out-of-domain scores."""
     from monitor.calibrate import calibrate, load_split
     from monitor.pipeline import build_parts
 
     parts = build_parts(config, models=models, reviewer=reviewer, log=log)
+    fold_parts = None
+    if folds:
+        from monitor.crossfit import share_probe_model
+
+        fold_parts = {}
+        for d, fm in folds.items():
+            f0, f1, _ = build_parts(config, models={**models, **fm}, reviewer=False, log=log)
+            fold_parts[d] = (f0, f1)
+        share_probe_model([parts[1], *(f1 for _, f1 in fold_parts.values())])
     train = load_split(datasets, "train", limit=sizes.calibrate_train_limit)
     val = load_split(datasets, "val")
     policy = calibrate(
@@ -205,8 +243,10 @@ def calibrate_default(
         parts,
         train,
         val,
-        data={"datasets": datasets, "models": models},
+        data={"datasets": datasets, "models": models,
+              **({"folds": folds} if folds else {})},
         review_limit=sizes.review_limit,
+        folds=fold_parts,
         log=log,
     )
     return policy.save(out)

@@ -48,15 +48,21 @@ class LabelledSteps:
 
 
 def load_steps(
-    data: str | Path, splits: Sequence[str], *, limit: int | None = None, seed: int = 0
+    data: str | Path, splits: Sequence[str], *, limit: int | None = None, seed: int = 0,
+    exclude_domains: Sequence[str] = (),
 ) -> LabelledSteps:
-    """Steps of ``splits``; with ``limit``, a deterministic (seeded) subsample of that size."""
+    """Steps of ``splits``; with ``limit``, a deterministic (seeded) subsample of that size;
+    then without the steps of ``exclude_domains`` (so a cross-fitting fold draws the same
+    sample, less its held-out domain, and reuses its cached activations)."""
+    from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_transitions
 
     rows = list(read_transitions(data, splits))
     if limit is not None and len(rows) > limit:
         keep = np.sort(np.random.default_rng(seed).choice(len(rows), limit, replace=False))
         rows = [rows[i] for i in keep]
+    if exclude_domains:
+        rows = [t for t in rows if domain_of(t) not in exclude_domains]
     return LabelledSteps(
         [ProbeStep.from_transition(t) for t in rows],
         np.array([t.label for t in rows], dtype=int),
@@ -134,6 +140,7 @@ def train_probe(
     train_limit: int | None = None,
     log: Callable[[str], None] | None = None,
     stats: ExtractStats | None = None,
+    exclude_domains: Sequence[str] = (),
 ) -> tuple[BundleInfo, SweepResult]:
     """Sweep layers on ``train``, fit the chosen probe, calibrate on ``val``, write a bundle.
 
@@ -144,8 +151,8 @@ def train_probe(
     from worldmodel.datasets.format import read_manifest
 
     template = template or Template()
-    train = load_steps(data, ["train"], limit=train_limit)
-    val = load_steps(data, ["val"])
+    train = load_steps(data, ["train"], limit=train_limit, exclude_domains=exclude_domains)
+    val = load_steps(data, ["val"], exclude_domains=exclude_domains)
     if not 0 < train.y.sum() < len(train.y):
         raise ValueError(f"{data}: the train split needs both benign and harmful steps")
     if pm is None:

@@ -60,6 +60,9 @@ class TrainConfig:
     # actions read without tool names and argument keys (features.mask_action), here and
     # when the bundle scores
     mask_tools: bool = True
+    # domains (worldmodel.datasets.domains) left out of the fit: a cross-fitting fold
+    # (monitor.crossfit) scores them with a model that never saw their tools
+    exclude_domains: tuple[str, ...] = ()
     model: JEPAConfig = field(default_factory=JEPAConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,7 +217,15 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
     if not any(m.counts.get("train", {}).get("screenshots", 0) for m in manifests.values()):
         cfg.model.use_images = False  # text-only data: no vision tower to train
     transitions, bases = load_rows(cfg.data, FIT_SPLITS)
-    log(f"loaded {len(transitions)} train/val transitions from {len(cfg.data)} dataset(s)")
+    if cfg.exclude_domains:
+        from worldmodel.datasets.domains import domain_of
+
+        keep = [i for i, t in enumerate(transitions) if domain_of(t) not in cfg.exclude_domains]
+        if len(keep) == len(transitions):
+            raise ValueError(f"no transition is in the excluded domains {cfg.exclude_domains}")
+        transitions, bases = [transitions[i] for i in keep], [bases[i] for i in keep]
+    log(f"loaded {len(transitions)} train/val transitions from {len(cfg.data)} dataset(s)"
+        + (f", leaving out {', '.join(cfg.exclude_domains)}" if cfg.exclude_domains else ""))
     encoder = TextEncoder(cache_dir=cfg.text_cache)
     t0 = time.monotonic()
     prep = prepare(transitions, bases, encoder, cfg.model, mask_tools=cfg.mask_tools)
