@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ class LabelledSteps:
     y: np.ndarray
     groups: list[str]
     attacks: list[str]  # meta["attack"] or "" for benign trajectories
+    domains: list[str] = field(default_factory=list)  # worldmodel.datasets.domains
 
 
 def load_steps(
@@ -68,6 +69,7 @@ def load_steps(
         np.array([t.label for t in rows], dtype=int),
         [t.group or t.task for t in rows],
         [str((t.meta or {}).get("attack") or "") for t in rows],
+        [domain_of(t) for t in rows],
     )
 
 
@@ -187,7 +189,13 @@ def train_probe(
         )
         source, model_id, model_hash, model_path = pm.source, pm.model_id, pm.model_hash, pm.path
         dtype = str(getattr(pm, "dtype", ""))
-    result = sweep_layers(ftr, train.y, train.groups, n_splits=n_splits, fpr=target_fpr, log=log)
+    # layers are chosen by leave-one-domain-out where the data spans domains (each CV fold
+    # holds one domain out), else by CV grouped by task
+    n_domains = len(set(train.domains))
+    if n_domains >= 2:
+        log(f"probes: sweeping layers by leave-one-domain-out over {n_domains} domains")
+    groups, n_cv = (train.domains, n_domains) if n_domains >= 2 else (train.groups, n_splits)
+    result = sweep_layers(ftr, train.y, groups, n_splits=n_cv, fpr=target_fpr, log=log)
     key = (result.layer, result.pooling)
     probe = LogisticProbe(C=result.C).fit(ftr[key], train.y)
     baseline = DiffMeansProbe().fit(ftr[key], train.y)

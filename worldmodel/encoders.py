@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,8 @@ class TextEncoder:
         self._memory: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.encoded = 0  # texts actually run through the model (cache misses)
+        # called with a progress line about every 30 s while a long batch of texts encodes
+        self.progress: Callable[[str], None] | None = None
         if self.cache_dir:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             self._load_disk()
@@ -107,7 +110,12 @@ class TextEncoder:
         out = []
         # sort by length so a batch pads little
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        t0 = last = time.monotonic()
         for start in range(0, len(order), self.batch_size):
+            if self.progress and start and time.monotonic() - last > 30:
+                last, rate = time.monotonic(), start / (time.monotonic() - t0)
+                self.progress(f"encoding texts: {start}/{len(order)} ({rate:.0f}/s, longest "
+                              f"last; ETA over {(len(order) - start) / rate:.0f} s)")
             idx = order[start : start + self.batch_size]
             batch = self.tokenizer(
                 [texts[i][: self.max_tokens * TOKEN_CHARS] for i in idx],

@@ -227,6 +227,7 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
     log(f"loaded {len(transitions)} train/val transitions from {len(cfg.data)} dataset(s)"
         + (f", leaving out {', '.join(cfg.exclude_domains)}" if cfg.exclude_domains else ""))
     encoder = TextEncoder(cache_dir=cfg.text_cache)
+    encoder.progress = log
     t0 = time.monotonic()
     prep = prepare(transitions, bases, encoder, cfg.model, mask_tools=cfg.mask_tools)
     encoder.save()

@@ -12,6 +12,7 @@ One module per command group, each adding its commands with ``add_parser(subpars
     rlhealth.py    monitor rlhealth
     dashboards.py  monitor dashboards export|push
     report.py      monitor report
+    reviewer.py    monitor reviewer train|serve   (L2 judge)
 
 ``monitor serve`` and ``monitor paging`` come from :mod:`monitor.service.cli`. Nothing outside
 the CLI imports from this package (tests/test_structure.py checks), and nothing here imports

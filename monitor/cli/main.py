@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         probes,
         provenance,
         report,
+        reviewer,
         rlhealth,
         screen,
         stream,
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_paging(sub)
     dashboards.add_parser(sub)
     report.add_parser(sub)
+    reviewer.add_parser(sub)
     p = add_command(
         sub,
         "demo",

@@ -1,0 +1,139 @@
+"""`monitor reviewer train|serve`: fine-tune the L2 judge, serve a reviewer model over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import vigil.paths
+from monitor.cli.common import CliError
+
+TRAIN_EXAMPLES = (
+    "examples:\n"
+    "  monitor reviewer train                          # default corpus -> "
+    "$VIGIL_HOME/models/judge\n"
+    "  monitor reviewer train --max-examples 200 --out /tmp/judge   # a small run\n"
+    "  monitor reviewer train --method full --lr 2e-5  # full fine-tuning instead of LoRA"
+)
+SERVE_EXAMPLES = (
+    "examples:\n"
+    "  monitor reviewer serve --port 8001              # the base reviewer model\n"
+    "  monitor reviewer serve --judge $VIGIL_HOME/models/judge   # the fine-tuned judge"
+)
+
+
+def _datasets(given: list[str] | None) -> list[str]:
+    if given:
+        data = [Path(d).expanduser() for d in given]
+    else:
+        data = [vigil.paths.dataset(n) for n in ("agentdojo", "toolemu", "miniwob")]
+        data = [d for d in data if (d / "manifest.json").exists()]
+        if not data:
+            raise CliError("no default dataset is built; run `monitor worldmodel build-data "
+                           "agentdojo` (and toolemu, miniwob) or pass --data")
+    for d in data:
+        if not (d / "manifest.json").exists():
+            raise CliError(f"{d} is not a transition dataset (no manifest.json)")
+    return [str(d) for d in data]
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from monitor.reviewer.judge import JudgeTrainConfig, train_judge
+
+    cfg = JudgeTrainConfig(
+        data=_datasets(args.data),
+        out=str(Path(args.out).expanduser() if args.out else vigil.paths.bundle("judge")),
+        model_path=args.model_path,
+        method=args.method,
+        epochs=args.epochs,
+        max_examples=args.max_examples,
+        eval_examples=args.eval_examples,
+        batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        lr=args.lr,
+        max_chars=args.max_chars,
+        bf16=not args.no_bf16,
+        threads=args.threads,
+    )
+    try:
+        out = train_judge(cfg)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    info = json.loads((out / "judge.json").read_text())
+    print(json.dumps({"bundle": str(out), "method": info["method"],
+                      "examples": info["examples"], "eval_loss": info["eval_loss"],
+                      "seconds": info["seconds"]}, indent=2))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from monitor.reviewer.serve import create_app
+
+    if args.judge:
+        from monitor.reviewer.judge import Judge
+
+        try:
+            lm = Judge(args.judge, threads=args.threads).lm
+        except (FileNotFoundError, ValueError) as e:
+            raise CliError(str(e)) from e
+    else:
+        from monitor.reviewer.engine import load_reviewer_model
+
+        lm = load_reviewer_model(args.model_path, threads=args.threads)
+    print(f"serving {lm.model_id} at http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(create_app(lm, model_name=args.model_name), host=args.host, port=args.port,
+                log_level="info")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``reviewer`` group (``train``, ``serve``) to the ``monitor`` command line."""
+    p = sub.add_parser("reviewer", help="the L2 reviewer: fine-tune the judge, serve a model")
+    rsub = p.add_subparsers(dest="reviewer_command", required=True)
+    t = rsub.add_parser(
+        "train",
+        help="fine-tune the local judge (LoRA or full) on the training corpus",
+        description=(
+            "Supervised fine-tuning of the local reviewer model as a safe/unsafe judge on "
+            "the train split of the given datasets (val: held-out loss). Progress with loss "
+            "and ETA; checkpoints every few steps, resumed when rerun with the same --out; "
+            "writes the adapter (safetensors), judge.json and loss.png."
+        ),
+        epilog=TRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument("--data", nargs="+", help="transition datasets (default: the built "
+                   "defaults under $VIGIL_HOME/data)")
+    t.add_argument("--out", help="bundle folder (default: $VIGIL_HOME/models/judge)")
+    t.add_argument("--model-path", help="base model folder (default: Gemma-3-270M)")
+    t.add_argument("--method", choices=["lora", "full"], default="lora")
+    t.add_argument("--epochs", type=float, default=1.0)
+    t.add_argument("--max-examples", type=int, default=1600,
+                   help="training examples sampled (default 1600)")
+    t.add_argument("--eval-examples", type=int, default=160)
+    t.add_argument("--batch-size", type=int, default=4)
+    t.add_argument("--grad-accum", type=int, default=4)
+    t.add_argument("--lr", type=float, help="default 2e-4 (LoRA) or 2e-5 (full)")
+    t.add_argument("--max-chars", type=int, default=1200,
+                   help="characters of trajectory shown per example (default 1200)")
+    t.add_argument("--no-bf16", action="store_true", help="train in float32")
+    t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    t.set_defaults(fn=cmd_train)
+    s = rsub.add_parser(
+        "serve",
+        help="serve the reviewer model (or the fine-tuned judge) as an OpenAI-compatible API",
+        epilog=SERVE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("--judge", help="a judge bundle from `monitor reviewer train`")
+    s.add_argument("--model-path", help="base model folder (default: Gemma-3-270M)")
+    s.add_argument("--model-name", help="the model name the API reports")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8001)
+    s.add_argument("--threads", type=int)
+    s.set_defaults(fn=cmd_serve)
