@@ -157,27 +157,25 @@ def _lines_with(log: Log, keep: str) -> Log:
 def _train_provenance(spec: FoldSpec, domain: str, out: Path) -> None:
     """The full bundle's chosen model (C and features, picked by LODO) refitted without
     ``domain``."""
-    import json
-
     import numpy as np
 
     from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_transitions
     from worldmodel.provenance import (
-        BUNDLE_FILE,
         ProvenanceHarm,
+        load_bundle,
         provenance_features,
         save_bundle,
     )
 
     assert spec.provenance_data is not None
-    full = json.loads((Path(spec.models["provenance"]) / BUNDLE_FILE).read_text())["model"]
+    full = load_bundle(spec.models["provenance"])
     ts = [t for t in read_transitions(spec.provenance_data, ["train", "val"])
           if domain_of(t) != domain]
     x, _ = provenance_features(ts)
     y = np.array([t.label for t in ts], dtype=int)
-    feats = tuple(full["features"]) if full.get("features") else None
-    model = ProvenanceHarm(C=float(full["C"]), features=feats).fit(x, y)
+    feats = tuple(full.features) if full.features else None
+    model = ProvenanceHarm(C=full.C, features=feats).fit(x, y)
     save_bundle(model, out, {"C": model.C, "features": list(feats or ()),
                              "note": f"cross-fitting fold without {domain}"})
 

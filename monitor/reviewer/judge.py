@@ -31,7 +31,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +172,6 @@ class JudgeTrainConfig:
     save_steps: int = 20
     seed: int = 0
     threads: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def learning_rate(self) -> float:
