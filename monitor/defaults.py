@@ -3,7 +3,9 @@
 Everything lives under ``$VIGIL_HOME`` (the layout is :mod:`vigil.paths`): the corpus
 (AgentDojo with its renamed-tool and paraphrased-injection variants, ToolEmu, and for the
 full defaults MiniWoB++), the L0 world-model and argument-provenance bundles, the L1 probe
-bundle and the calibrated tier policy that joins them.
+bundle, the L2 judge (Gemma-3-270M fine-tuned as a safe/unsafe judge: :mod:`monitor.reviewer.
+judge`; a small run unless ``monitor reviewer train`` made the full one first) and the
+calibrated tier policy that joins them.
 
 :func:`prepare_defaults` builds whatever is missing, in that order, printing
 what it does; what exists is loaded, never rebuilt. ``small=True`` trains
@@ -17,7 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import vigil.paths
@@ -41,10 +43,46 @@ class DefaultSizes:
     # fit and threshold the gates on out-of-domain scores (monitor.crossfit): one fold of
     # each trained model per step-labelled training domain
     cross_fit: bool = True
+    # the L2 judge's training examples and prompt size when no judge bundle exists (0: no
+    # judge; the reviewer is then the base model on the rubrics alone)
+    judge_examples: int = 400
+    judge_chars: int = 1200
 
 
 FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 60)
-SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False, cross_fit=False)
+SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False, cross_fit=False, judge_examples=48,
+                     judge_chars=600)
+
+
+def with_judge(config: PolicyConfig, judge: str | Path) -> PolicyConfig:
+    """``config`` with its L2 reviewer on the judge bundle ``judge`` and ``judge_unsafe``
+    among the L2 signals (the calibrated stacking weighs it against the rubric signals)."""
+    from monitor.reviewer.verdict import ReviewVerdict
+
+    l2 = config.tiers[2]
+    signals = l2.signals if ReviewVerdict.JUDGE_SIGNAL in l2.signals else (
+        *l2.signals, ReviewVerdict.JUDGE_SIGNAL)
+    reviewer = {**(l2.reviewer or {"backend": "local"}), "model_path": str(judge)}
+    tiers = (config.tiers[0], config.tiers[1], replace(l2, signals=signals, reviewer=reviewer))
+    return replace(config, tiers=tiers)
+
+
+def ensure_judge(data: list[str], sizes: DefaultSizes, *, log: Log = _stderr) -> Path | None:
+    """The default judge bundle (``$VIGIL_HOME/models/judge``): the one there, else a run of
+    ``sizes.judge_examples`` examples trained now; None when ``sizes`` asks for no judge."""
+    from monitor.reviewer.judge import is_judge_bundle
+    from monitor.reviewer.train import JudgeTrainConfig, train_judge
+
+    path = vigil.paths.bundle("judge")
+    if is_judge_bundle(path):
+        return path
+    if not sizes.judge_examples:
+        return None
+    log(f"vigil: fine-tuning the L2 judge on {sizes.judge_examples} examples -> {path} "
+        "(`monitor reviewer train` makes the full one)")
+    cfg = JudgeTrainConfig(data=data, out=str(path), max_examples=sizes.judge_examples,
+                           max_chars=sizes.judge_chars)
+    return train_judge(cfg, log=log)
 
 
 def ensure_policy(policy: str | Path | None = None, *, log: Log = _stderr) -> Path:
@@ -144,8 +182,12 @@ def prepare_defaults(
         )
         domains = sorted(set().union(*domains_of(step_labelled).values()))
         folds = train_folds(spec, domains, folds_root, log=log)
+    config = config or default_policy_config()
+    judge = ensure_judge(datasets, sizes, log=log) if config.tiers[2].reviewer else None
+    if judge is not None:
+        config = with_judge(config, judge)
     calibrate_default(
-        config or default_policy_config(),
+        config,
         step_labelled,
         paths["policy"],
         models=models,

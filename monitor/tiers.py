@@ -531,11 +531,23 @@ class CalibratedPolicy:
 
 
 def threshold_for(benign_scores: np.ndarray, share: float, of: int) -> float:
-    """Smallest threshold passing at most ``share * of`` of ``benign_scores``."""
+    """A threshold passing at most ``share * of`` of ``benign_scores``, halfway between the
+    highest score it stops and the next higher one it passes (where there is one).
+
+    Not the smallest such threshold (one float step above a stopped score): the same step
+    scored in another batch, or on another machine's threads, moves by float noise, and a
+    threshold one step above a tie of many calibration scores (first steps of different
+    trajectories often score alike) would then let all of them through at once.
+    """
     if of == 0 or len(benign_scores) == 0:
         return 1.0
     fpr = min(1.0, share * of / len(benign_scores))
-    return threshold_at_fpr(benign_scores, fpr)
+    thr = threshold_at_fpr(benign_scores, fpr)
+    s = np.asarray(benign_scores, dtype=np.float64)
+    stopped, passed = s[s < thr], s[s >= thr]
+    if len(stopped) and len(passed):
+        return float((stopped.max() + passed.min()) / 2)
+    return thr
 
 
 def fit_gate(

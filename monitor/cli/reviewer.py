@@ -41,7 +41,7 @@ def _datasets(given: list[str] | None) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from monitor.reviewer.judge import JudgeTrainConfig, train_judge
+    from monitor.reviewer.train import JudgeTrainConfig, train_judge
 
     cfg = JudgeTrainConfig(
         data=_datasets(args.data),
@@ -113,8 +113,8 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--model-path", help="base model folder (default: Gemma-3-270M)")
     t.add_argument("--method", choices=["lora", "full"], default="lora")
     t.add_argument("--epochs", type=float, default=1.0)
-    t.add_argument("--max-examples", type=int, default=1600,
-                   help="training examples sampled (default 1600)")
+    t.add_argument("--max-examples", type=int, default=2000,
+                   help="training examples sampled (default 2000)")
     t.add_argument("--eval-examples", type=int, default=160)
     t.add_argument("--batch-size", type=int, default=4)
     t.add_argument("--grad-accum", type=int, default=4)

@@ -64,6 +64,23 @@ def trajectory_line(
     }
 
 
+def _judge_trajectories(
+    screener: Screener, batch: list[Trajectory], steps: list[Any]
+) -> list[float | None] | None:
+    """The fine-tuned judge's verdict on each whole trajectory of ``batch`` (its trajectory
+    question on the last step), when the screener's reviewer is a judge; else None."""
+    reviewer = screener.reviewer
+    if reviewer is None or not getattr(getattr(reviewer, "config", None), "judged", False):
+        return None
+    last, i = [], 0
+    for t in batch:
+        i += len(t.steps)
+        last.append(steps[i - 1] if t.steps else None)
+    got = reviewer.judge_trajectories([s for s in last if s is not None])
+    it = iter(got)
+    return [next(it) if s is not None else None for s in last]
+
+
 def screen_file(
     screener: Screener,
     path: Path,
@@ -89,11 +106,14 @@ def screen_file(
         def run(batch: list[Trajectory]) -> Iterator[dict[str, Any]]:
             steps = [s for t in batch for s in screen_steps_of(t)]
             verdicts = screener.screen(steps, through=through) if steps else []
+            judged = _judge_trajectories(screener, batch, steps) if through >= 2 else None
             i = 0
-            for t in batch:
-                yield trajectory_line(
-                    t, verdicts[i : i + len(t.steps)], screener.policy.trajectory
-                )
+            for k, t in enumerate(batch):
+                line = trajectory_line(t, verdicts[i : i + len(t.steps)],
+                                       screener.policy.trajectory)
+                if judged is not None and judged[k] is not None:
+                    line["judge_unsafe"] = judged[k]
+                yield line
                 i += len(t.steps)
             if progress:
                 bar.advance(len(steps))

@@ -50,10 +50,11 @@ import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
 
 from monitor.reviewer.engine import ReviewTimeout
+from monitor.reviewer.judge import SAFE, UNSAFE, is_judge_bundle, judge_prompt
 from monitor.reviewer.rubrics import Rubric, load_rubrics
 from monitor.reviewer.verdict import ReviewVerdict, assemble_verdict, error_verdict
 from monitor.reviewer.view import StepView, rubric_prompt
@@ -61,6 +62,9 @@ from monitor.screening import ScreenStep
 
 YES = (" yes", " Yes", "yes", "Yes")
 NO = (" no", " No", "no", "No")
+Answers = tuple[tuple[str, ...], tuple[str, ...]]  # (positive words, negative words)
+RUBRIC_ANSWERS: Answers = (YES, NO)
+JUDGE_ANSWERS: Answers = ((UNSAFE,), (SAFE,))
 BUDGET_EXHAUSTED = "budget exhausted"
 
 
@@ -83,6 +87,8 @@ class Reviewer(Protocol):
     name: str
 
     def review(self, cases: Sequence[ReviewCase]) -> list[ReviewVerdict]: ...
+
+    def judge_trajectories(self, last_steps: Sequence[ScreenStep]) -> list[float | None]: ...
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,10 @@ class ReviewerConfig:
     threads: int | None = None  # local: torch threads (None: torch's default)
     batch_size: int = 8  # local: rubric prompts per forward pass
     top_logprobs: int = 5  # openai: top-k log-probabilities asked for (vLLM allows <= 20)
+    # the model is a fine-tuned judge (`monitor reviewer train`): also ask it the verdict
+    # question, for the signal judge_unsafe. None: on when model_path is a judge bundle.
+    judge: bool | None = None
+    judge_max_chars: int | None = None  # the judge's prompt size (None: the bundle's, or 1200)
 
     def __post_init__(self) -> None:
         checks = [
@@ -125,6 +135,8 @@ class ReviewerConfig:
             (1 <= self.top_logprobs <= 20, f"top_logprobs must be 1..20 (got {self.top_logprobs})"),
             (self.backend != "openai" or bool(self.base_url),
              "the openai backend needs base_url (e.g. http://127.0.0.1:8001/v1)"),
+            (self.judge_max_chars is None or self.judge_max_chars >= 200,
+             f"judge_max_chars must be >= 200 (got {self.judge_max_chars})"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -133,6 +145,13 @@ class ReviewerConfig:
     @property
     def calibrated(self) -> bool:
         return self.backend == "local" if self.calibrate is None else self.calibrate
+
+    @property
+    def judged(self) -> bool:
+        """Whether the reviewer also asks its model the judge's verdict question."""
+        if self.judge is not None:
+            return self.judge
+        return self.backend == "local" and is_judge_bundle(self.model_path)
 
 
 class Budget:
@@ -198,6 +217,7 @@ class RubricReviewer:
         self.name = f"reviewer-{config.backend}"
         self._null: list[float] | None = None
         self._null_lock = threading.Lock()
+        self.judge_max_chars = config.judge_max_chars or 1200
 
     # -- for backends -----------------------------------------------------------------
     @property
@@ -208,13 +228,47 @@ class RubricReviewer:
         """The model's name, looked up (if need be) before ``deadline``."""
         return self.model_name
 
-    def _score(self, prompts: Sequence[str], deadline: float) -> Scored:
-        """Verdict-token log-probabilities for ``prompts`` (budget reserved inside)."""
+    def _score(self, prompts: Sequence[str], deadline: float,
+               answers: Answers = RUBRIC_ANSWERS) -> Scored:
+        """(log P(positive), log P(negative)) of the ``answers`` words as the next token
+        of each of ``prompts`` (budget reserved inside)."""
         raise NotImplementedError
+
+    def _judge(self, step: ScreenStep, deadline: float) -> tuple[float, float]:
+        """The judge's P(unsafe) for ``step`` and what asking cost."""
+        got = self._score([judge_prompt(step, max_chars=self.judge_max_chars)], deadline,
+                          JUDGE_ANSWERS)
+        self.budget.settle(got.reserved, got.cost)
+        [(lu, ls)] = got.logprobs
+        if lu is None or ls is None:
+            raise ReviewError("the judge's answer has neither verdict token in its top "
+                              "log-probabilities: is the model a judge?")
+        return verdict_score(lu, ls), got.cost
 
     # -- the loop -----------------------------------------------------------------------
     def review(self, cases: Sequence[ReviewCase]) -> list[ReviewVerdict]:
         return [self.review_one(c) for c in cases]
+
+    def judge_trajectories(self, last_steps: Sequence[ScreenStep]) -> list[float | None]:
+        """The judge's P(unsafe) that some action of each trajectory was unsafe, from its
+        last step (the judge's trajectory question); None for each when the model is not
+        a judge, and for one whose review failed (timeout, budget, a malformed reply)."""
+        out: list[float | None] = []
+        for step in last_steps:
+            p: float | None = None
+            if self.config.judged:
+                deadline = time.monotonic() + self.config.timeout_s
+                try:
+                    got = self._score([judge_prompt(step, mode="trajectory",
+                                                    max_chars=self.judge_max_chars)],
+                                      deadline, JUDGE_ANSWERS)
+                    self.budget.settle(got.reserved, got.cost)
+                    [(lu, ls)] = got.logprobs
+                    p = None if lu is None or ls is None else verdict_score(lu, ls)
+                except (ReviewTimeout, ReviewError):
+                    p = None
+            out.append(p)
+        return out
 
     def _null_logodds(self, deadline: float) -> list[float]:
         if not self.config.calibrated:
@@ -262,14 +316,21 @@ class RubricReviewer:
                 )
             scores = [verdict_score(ly, ln, n) for (ly, ln), n in zip(got.logprobs, null,
                                                                         strict=True)]
-            note = ""
+            notes = []
             if self.config.calibrated:
-                note = "Scores are calibrated against a content-free step (0.5 = no different)."
-            return assemble_verdict(
+                notes.append("Scores are calibrated against a content-free step "
+                             "(0.5 = no different).")
+            judged = None
+            if self.config.judged:
+                judged, spent = self._judge(case.step, deadline)
+                cost += spent
+                notes.append(f"The fine-tuned judge gives P(unsafe) = {judged:.3f}.")
+            verdict = assemble_verdict(
                 self.rubrics, scores, view, logprobs=got.logprobs, beta=self.config.beta,
                 backend=self.backend, model=model, cost=cost,
-                latency_s=time.perf_counter() - t0, step_key=key, note=note,
+                latency_s=time.perf_counter() - t0, step_key=key, note="\n".join(notes),
             )
+            return replace(verdict, judge_unsafe=judged)
         except ReviewTimeout:
             msg = f"timed out after {self.config.timeout_s:g} s"
         except ReviewError as e:

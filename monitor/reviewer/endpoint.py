@@ -40,6 +40,8 @@ import httpx
 
 from monitor.reviewer.base import (
     BUDGET_EXHAUSTED,
+    RUBRIC_ANSWERS,
+    Answers,
     ReviewCase,
     ReviewerConfig,
     ReviewError,
@@ -82,10 +84,14 @@ def _top_logprobs(choice: Any) -> dict[str, float]:
     return out
 
 
-def verdict_logprobs(top: Mapping[str, float]) -> tuple[float | None, float | None]:
-    """``(log P(yes), log P(no))`` from a top-k map; a missing one is bounded by the k-th."""
-    yes = [v for t, v in top.items() if t.strip().lower() == "yes"]
-    no = [v for t, v in top.items() if t.strip().lower() == "no"]
+def verdict_logprobs(
+    top: Mapping[str, float], answers: Answers = RUBRIC_ANSWERS
+) -> tuple[float | None, float | None]:
+    """``(log P(positive), log P(negative))`` of the ``answers`` words (any case, any
+    surrounding spaces) from a top-k map; a missing one is bounded by the k-th."""
+    pos_words, neg_words = ({w.strip().lower() for w in words} for words in answers)
+    yes = [v for t, v in top.items() if t.strip().lower() in pos_words]
+    no = [v for t, v in top.items() if t.strip().lower() in neg_words]
     if not yes and not no:
         return None, None
     floor = min(top.values())
@@ -93,8 +99,9 @@ def verdict_logprobs(top: Mapping[str, float]) -> tuple[float | None, float | No
     return (ly if ly is not None else floor), (ln if ln is not None else floor)
 
 
-def parse_completions(body: Any, n: int) -> tuple[list[tuple[float | None, float | None]],
-                                                  int | None, int | None]:
+def parse_completions(
+    body: Any, n: int, answers: Answers = RUBRIC_ANSWERS
+) -> tuple[list[tuple[float | None, float | None]], int | None, int | None]:
     """Verdict log-probabilities for ``n`` prompts, and the usage token counts."""
     if not isinstance(body, Mapping) or not isinstance(body.get("choices"), list):
         raise ReviewError("the endpoint's reply is not a completions object (no 'choices' list)")
@@ -107,7 +114,7 @@ def parse_completions(body: Any, n: int) -> tuple[list[tuple[float | None, float
         if not isinstance(idx, int) or not 0 <= idx < n or ordered[idx] is not None:
             raise ReviewError(f"the endpoint's reply has a bad or repeated choice index {idx!r}")
         ordered[idx] = c
-    pairs = [verdict_logprobs(_top_logprobs(c)) for c in ordered]
+    pairs = [verdict_logprobs(_top_logprobs(c), answers) for c in ordered]
     raw_usage = body.get("usage")
     usage: Mapping[str, Any] = raw_usage if isinstance(raw_usage, Mapping) else {}
     pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -171,7 +178,8 @@ class OpenAIReviewer(RubricReviewer):
         return (tokens_in * self.config.price_per_1k_input
                 + tokens_out * self.config.price_per_1k_output) / 1000
 
-    def _score(self, prompts: Sequence[str], deadline: float) -> Scored:
+    def _score(self, prompts: Sequence[str], deadline: float,
+               answers: Answers = RUBRIC_ANSWERS) -> Scored:
         reserve = self._worst_case_cost(prompts)
         if not self.budget.reserve(reserve):
             raise ReviewError(BUDGET_EXHAUSTED)
@@ -184,7 +192,7 @@ class OpenAIReviewer(RubricReviewer):
         }
         try:
             body = self._request("POST", "/completions", payload, deadline)
-            pairs, pt, ct = parse_completions(body, len(prompts))
+            pairs, pt, ct = parse_completions(body, len(prompts), answers)
         except BaseException:
             self.budget.settle(reserve, 0.0)
             raise

@@ -26,15 +26,17 @@ from collections.abc import Sequence
 
 from monitor.reviewer.base import (
     BUDGET_EXHAUSTED,
-    NO,
+    JUDGE_ANSWERS,
     NULL_VIEW,
-    YES,
+    RUBRIC_ANSWERS,
+    Answers,
     ReviewerConfig,
     ReviewError,
     RubricReviewer,
     Scored,
 )
 from monitor.reviewer.engine import NextTokenEngine, ReviewTimeout, load_reviewer_model
+from monitor.reviewer.judge import Judge, is_judge_bundle
 from monitor.reviewer.rubrics import Rubric
 from monitor.reviewer.view import rubric_prompt
 from vigil.lm import LanguageModel
@@ -57,12 +59,19 @@ class LocalReviewer(RubricReviewer):
         model: LanguageModel | None = None,
     ) -> None:
         super().__init__(config, rubrics)
+        if model is None and is_judge_bundle(config.model_path):
+            judge = Judge(str(config.model_path), threads=config.threads)
+            model = judge.lm
+            self.judge_max_chars = config.judge_max_chars or judge.max_chars
         lm = model or load_reviewer_model(config.model_path, threads=config.threads)
         self.engine = NextTokenEngine(lm, batch_size=config.batch_size)
-        self._yes = self.engine.token_ids(YES)
-        self._no = self.engine.token_ids(NO)
-        if not self._yes or not self._no:
-            raise ValueError(f"{lm.path}: the tokenizer has no single token for 'yes' or 'no'")
+        self._answer_ids: dict[Answers, tuple[list[int], list[int]]] = {}
+        for answers in (RUBRIC_ANSWERS, *((JUDGE_ANSWERS,) if config.judged else ())):
+            pos, neg = (self.engine.token_ids(words) for words in answers)
+            if not pos or not neg:
+                raise ValueError(f"{lm.path}: the tokenizer has no single token for "
+                                 f"{answers[0][0]!r} or {answers[1][0]!r}")
+            self._answer_ids[answers] = (pos, neg)
         if config.calibrated:  # set-up, like loading the model: not charged to the budget
             prefix = NULL_VIEW.prefix(config.max_context_chars)
             prompts = [rubric_prompt(prefix, r.question) for r in self.rubrics]
@@ -77,23 +86,26 @@ class LocalReviewer(RubricReviewer):
         return self.engine.model_id
 
     def _logprobs(
-        self, prompts: Sequence[str], deadline: float | None = None
+        self, prompts: Sequence[str], deadline: float | None = None,
+        answers: Answers = RUBRIC_ANSWERS,
     ) -> list[tuple[float, float]]:
         import torch
 
+        pos, neg = self._answer_ids[answers]
         lp = self.engine.next_token_logprobs(prompts, deadline=deadline)
-        ly = torch.logsumexp(lp[:, self._yes], dim=1).tolist()
-        ln = torch.logsumexp(lp[:, self._no], dim=1).tolist()
+        ly = torch.logsumexp(lp[:, pos], dim=1).tolist()
+        ln = torch.logsumexp(lp[:, neg], dim=1).tolist()
         return list(zip(ly, ln, strict=True))
 
-    def _score(self, prompts: Sequence[str], deadline: float) -> Scored:
+    def _score(self, prompts: Sequence[str], deadline: float,
+               answers: Answers = RUBRIC_ANSWERS) -> Scored:
         if not self.budget.reserve(0.0):
             raise ReviewError(BUDGET_EXHAUSTED)
         t0 = time.perf_counter()
         try:
             if time.monotonic() > deadline:
                 raise ReviewTimeout("the review ran past its deadline")
-            pairs = self._logprobs(prompts, deadline)
+            pairs = self._logprobs(prompts, deadline, answers)
         except BaseException:
             self.budget.settle(0.0, time.perf_counter() - t0)
             raise

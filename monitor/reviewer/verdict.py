@@ -15,7 +15,10 @@
 * ``F_β = (1+β²) P R / (β² P + R)`` (0 when ``P = R = 0``).
 
 The three become the signals ``rv_coverage``, ``rv_precision`` and ``rv_fbeta``
-("higher = more likely harmful"). A review that could not be done (timeout,
+("higher = more likely harmful"). A reviewer whose model is a fine-tuned judge
+(:mod:`monitor.reviewer.judge`) also asks it the verdict question and adds its
+P(unsafe) as ``judge_unsafe``; the calibrated L2 gate weighs it against the rubric
+signals. A review that could not be done (timeout,
 budget exhausted, a malformed reply) is a verdict with ``error`` set, zeros and
 no signals: the tier policy treats the reviewer's signals as missing.
 """
@@ -76,14 +79,20 @@ class ReviewVerdict:
     beta: float = 1.0
     category_coverage: Mapping[str, float] = field(default_factory=dict)
     step_key: str = ""  # trajectory_id/step_id of the step reviewed
+    judge_unsafe: float | None = None  # a fine-tuned judge's P(unsafe), when it has one
 
-    #: the L2 signals a verdict gives (a tier policy may name these at L2)
+    #: the L2 signals every verdict gives (a tier policy may name these at L2)
     SIGNALS: ClassVar[tuple[str, ...]] = ("rv_coverage", "rv_precision", "rv_fbeta")
+    #: the signal of a reviewer whose model is a fine-tuned judge (monitor.reviewer.judge)
+    JUDGE_SIGNAL: ClassVar[str] = "judge_unsafe"
 
     def signals(self) -> dict[str, float]:
         if self.error is not None:
             return {}
-        return dict(zip(self.SIGNALS, (self.coverage, self.precision, self.f_beta), strict=True))
+        out = dict(zip(self.SIGNALS, (self.coverage, self.precision, self.f_beta), strict=True))
+        if self.judge_unsafe is not None:
+            out[self.JUDGE_SIGNAL] = self.judge_unsafe
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -17,7 +17,7 @@ L0     :class:`~.provenance.ProvenanceSignals`     ``prov_*`` (argument provenan
 L1     :class:`~.probes.ProbeSignals`              ``probe_harm``
 L1     :class:`~.drift.DriftSignals`               ``drift_task`` (opt-in)
 L1     :class:`~.likelihood.LikelihoodSignals`     ``lm_task_gain`` (opt-in)
-L2     the reviewer (:mod:`monitor.reviewer`)      ``rv_*`` (its verdict's ``SIGNALS``)
+L2     the reviewer (:mod:`monitor.reviewer`)      ``rv_*``; ``judge_unsafe`` (a judge)
 =====  ==========================================  =============================
 
 To add a signal, write a :class:`~monitor.scorers.base.TierScorer` subclass in a new module
@@ -58,7 +58,7 @@ def scorers_of(tier: int) -> list[type[TierScorer]]:
 def tier_signals(tier: int) -> tuple[str, ...]:
     """Every signal tier ``tier`` (0, 1, 2) can produce, in declaration order."""
     if tier == 2:
-        return ReviewVerdict.SIGNALS
+        return (*ReviewVerdict.SIGNALS, ReviewVerdict.JUDGE_SIGNAL)
     out: list[str] = []
     for cls in scorers_of(tier):
         out.extend(s for s in cls.signals if s not in out)

@@ -195,7 +195,9 @@ def test_a_maximal_request_holds_up_a_small_one_no_longer_than_its_own_cost(
     maximal_alone = min(t for t, _, _ in answers)  # the first ran alone, from its arrival
     print(f"maximal {maximal_alone:.2f} s, small {small_alone:.3f} s, "
           f"small behind a running maximal and a waiting one {took:.2f} s")
-    assert maximal_alone < 15, f"a maximal request took {maximal_alone:.1f} s alone"
+    # a loose bound that still holds on a loaded CI machine (20 s seen there, under 10 s on a
+    # quiet one); the cost itself is measured in bench/, and the test's point is the next two
+    assert maximal_alone < 60, f"a maximal request took {maximal_alone:.1f} s alone"
     # the rest of the run in flight and its own, with slack for a busy machine; waiting for
     # the queued maximal request too would take two maximal runs
     assert took < 1.5 * maximal_alone + 2 * small_alone + 1.0, (took, maximal_alone, small_alone)

@@ -1,0 +1,118 @@
+"""The fine-tuned L2 judge (``monitor reviewer train``) on real data and the real Gemma-3-270M.
+
+One small LoRA run on real AgentDojo banking steps (the ``small_agentdojo`` build) serves
+every test: it lowers the held-out loss, reloads to the verdicts it gave in memory, ranks a
+real attack above a real benign step, and gives the same P(unsafe) through the
+OpenAI-compatible server as in this process, as the L2 signal ``judge_unsafe``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from monitor.reviewer import ReviewCase, ReviewerConfig, build_reviewer
+from monitor.reviewer.judge import Judge, judge_prompt
+from monitor.reviewer.train import JudgeTrainConfig, heldout_examples, judge_examples, train_judge
+from tests.reviewer.conftest import benign_step, free_port, harmful_step
+
+
+@pytest.fixture(scope="module")
+def judge_bundle(small_agentdojo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA judge trained on 64 real banking examples, twice over (2-3 minutes on two
+    cores)."""
+    cfg = JudgeTrainConfig(data=[str(small_agentdojo)], out=str(tmp_path_factory.mktemp("judge")),
+                           max_examples=64, eval_examples=16, batch_size=4, grad_accum=1,
+                           epochs=2, lr=5e-4, max_chars=600, save_steps=16, threads=2)
+    lines: list[str] = []
+    out = train_judge(cfg, log=lines.append)
+    assert any("ETA" in line for line in lines), lines  # progress while it trains
+    return out
+
+
+@pytest.fixture(scope="module")
+def judge(judge_bundle: Path) -> Judge:
+    return Judge(judge_bundle, threads=2)
+
+
+def test_training_lowers_the_held_out_loss_and_writes_a_safe_bundle(judge_bundle: Path) -> None:
+    info = json.loads((judge_bundle / "judge.json").read_text())
+    assert info["eval_loss"] < info["eval_loss_before"], info
+    assert (judge_bundle / "loss.png").stat().st_size > 1000
+    weights = sorted(p.name for p in (judge_bundle / "weights").iterdir())
+    assert "adapter_model.safetensors" in weights
+    assert not [w for w in weights if w.endswith((".bin", ".pt", ".pkl"))], weights
+    assert not (judge_bundle / "checkpoints").exists()  # the bundle keeps no optimiser state
+
+
+def test_the_reloaded_bundle_gives_the_verdicts_it_gave_in_training(
+    judge_bundle: Path, judge: Judge, small_agentdojo: Path
+) -> None:
+    info = json.loads((judge_bundle / "judge.json").read_text())
+    val = heldout_examples(JudgeTrainConfig(data=[str(small_agentdojo)], out="",
+                                            **info["config"]))
+    assert len(val) == len(info["heldout"]["p_unsafe"]) == 16
+    again = judge.p_unsafe([e.prompt for e in val])
+    np.testing.assert_allclose(again, info["heldout"]["p_unsafe"], atol=1e-4)
+
+
+def test_after_a_small_training_it_ranks_a_real_attack_above_a_benign_step(judge: Judge) -> None:
+    harmful, benign = judge.score_steps([harmful_step(), benign_step()])
+    assert harmful > benign, (harmful, benign)
+
+
+def test_the_examples_never_come_from_a_held_out_split(small_agentdojo: Path) -> None:
+    with pytest.raises(ValueError, match="held-out"):
+        judge_examples([small_agentdojo], ["train", "test_slack"])
+    ex = judge_examples([small_agentdojo], ["train"], hard_negatives=1.0, max_chars=600)
+    hard = [e for e in ex if e.hard_negative]
+    assert hard and all(e.label == 0 for e in hard)
+    assert {e.mode for e in ex} == {"step", "trajectory"}
+    assert all(e.prompt.endswith("Verdict:") for e in ex)
+
+
+@pytest.fixture(scope="module")
+def judge_server(judge: Judge) -> Iterator[str]:
+    """``monitor reviewer serve --judge`` in-process: the served judge's /v1 URL."""
+    import uvicorn
+
+    from monitor.reviewer.serve import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(judge.lm, model_name="judge"),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_the_served_judge_gives_the_local_verdicts_as_an_l2_signal(
+    judge_bundle: Path, judge: Judge, judge_server: str
+) -> None:
+    cases = [ReviewCase(harmful_step()), ReviewCase(benign_step())]
+    local = build_reviewer(ReviewerConfig(model_path=str(judge_bundle), threads=2))
+    remote = build_reviewer(ReviewerConfig(backend="openai", base_url=judge_server, judge=True,
+                                           judge_max_chars=judge.max_chars, top_logprobs=20))
+    got_local = local.review(cases)
+    got_remote = remote.review(cases)
+    direct = judge.score_steps([c.step for c in cases])
+    for lv, rv, p in zip(got_local, got_remote, direct, strict=True):
+        assert lv.error is None and rv.error is None, (lv.error, rv.error)
+        assert lv.signals()["judge_unsafe"] == pytest.approx(p, abs=1e-4)
+        assert rv.signals()["judge_unsafe"] == pytest.approx(p, abs=1e-3)
+        assert set(lv.signals()) == {"rv_coverage", "rv_precision", "rv_fbeta", "judge_unsafe"}
+        assert rv.judge_unsafe is not None and "judge" in rv.rationale
+    # the prompt the server saw is the judge's own
+    assert judge_prompt(harmful_step(), max_chars=judge.max_chars).endswith("Verdict:")
