@@ -14,7 +14,7 @@ per review (median, p90, mean), prompt tokens per review, the set-up time
 data must exist first: ``monitor worldmodel build-data agentdojo``.
 
     python bench/reviewer_bench.py --part judge [--judge $VIGIL_HOME/models/judge] [--lodo]
-        [--n-val 400] [--n-slack 400] [--lodo-examples 400]
+        [--n-val 400] [--n-slack 400] [--lodo-examples 400] [--lodo-domains D ...]
 
 The fine-tuned judge (``monitor reviewer train``) against the zero-shot base model asked
 the same question, writing bench/results/judge.json: AUROC and F1 (P(unsafe) > 0.5) per
@@ -150,9 +150,13 @@ def judge_part(args: argparse.Namespace) -> None:
     lodo: dict[str, Any] = {}
     if args.lodo:
         info = judge.info
-        for d in sorted(by_domain):
+        for d in args.lodo_domains or sorted(by_domain):
+            if d not in by_domain:
+                raise SystemExit(f"--lodo-domains: no val examples of {d!r}; "
+                                 f"domains: {sorted(by_domain)}")
             cfg = JudgeTrainConfig(data=data, out=str(Path(args.lodo_dir) / d.replace("/", "-")),
-                                   max_examples=args.lodo_examples, max_chars=chars,
+                                   max_examples=args.lodo_examples, eval_examples=48,
+                                   max_chars=chars,
                                    exclude_domains=(d,), threads=args.threads,
                                    method=info["method"])
             print(f"LODO: training without {d}", flush=True)
@@ -189,6 +193,7 @@ def main() -> None:
     ap.add_argument("--judge", default=str(paths.bundle("judge")))
     ap.add_argument("--lodo", action="store_true")
     ap.add_argument("--lodo-examples", type=int, default=400)
+    ap.add_argument("--lodo-domains", nargs="*", help="the domains to hold out (default: all)")
     ap.add_argument("--lodo-dir", default=str(paths.models_dir() / "judge-lodo"))
     ap.add_argument("--n-val", type=int, default=400)
     ap.add_argument("--n-slack", type=int, default=400)

@@ -220,7 +220,7 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     resuming from the last checkpoint under ``cfg.out``; returns the bundle folder."""
     import torch
     from sklearn.metrics import roc_auc_score
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
     from monitor.reviewer.engine import NextTokenEngine, load_reviewer_model
     from vigil.lm import LanguageModel
@@ -275,6 +275,8 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
             history.append(row)
             dt = time.perf_counter() - clock["train"]
             done = max(1, state.global_step - start_step)
+            if state.global_step <= start_step:
+                return  # the held-out loss before training: logged by train_judge
             eta = dt / done * (max_steps - state.global_step)
             what = ", ".join(f"{k} {row[k]:.4f}" for k in ("loss", "eval_loss") if k in row)
             log(f"judge: step {state.global_step}/{max_steps} {what} "
@@ -331,6 +333,7 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
         data_collator=_collate(pad),
         callbacks=[Progress()],
     )
+    trainer.remove_callback(PrinterCallback)  # Progress says it in one line, with the ETA
     resume = _last_checkpoint(ckpt_dir)
     start_step = int(resume.name.split("-")[-1]) if resume else 0
     before_file = ckpt_dir / "eval_loss_before.json"  # measured once, before any step

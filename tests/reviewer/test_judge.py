@@ -116,3 +116,38 @@ def test_the_served_judge_gives_the_local_verdicts_as_an_l2_signal(
         assert rv.judge_unsafe is not None and "judge" in rv.rationale
     # the prompt the server saw is the judge's own
     assert judge_prompt(harmful_step(), max_chars=judge.max_chars).endswith("Verdict:")
+
+
+def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
+    judge_bundle: Path, small_agentdojo: Path, tiny_worldmodel_bundle: Path,
+    tiny_probe_bundle: Path, tmp_path: Path,
+) -> None:
+    """The defaults' way: the judge becomes the L2 reviewer's model and ``judge_unsafe`` an
+    L2 signal; calibration fits its weight beside the rubric signals and the policy says it."""
+    from monitor.defaults import (
+        DefaultSizes,
+        calibrate_default,
+        train_default_provenance,
+        with_judge,
+    )
+    from monitor.pipeline import load_screener
+    from monitor.tiers import CalibratedPolicy, policy_config_from_dict
+
+    config = with_judge(policy_config_from_dict(
+        {"tiers": {"L0": {"budget": 0.5}, "L1": {"budget": 0.3}, "L2": {"budget": 0.2}}}),
+        judge_bundle)
+    assert config.tiers[2].signals[-1] == "judge_unsafe"
+    assert config.tiers[2].reviewer == {"backend": "local", "model_path": str(judge_bundle)}
+    prov = train_default_provenance(small_agentdojo, tmp_path / "prov", log=lambda _: None)
+    out = calibrate_default(
+        config, [str(small_agentdojo)], tmp_path / "policy.json",
+        models={"worldmodel": str(tiny_worldmodel_bundle), "probes": str(tiny_probe_bundle),
+                "provenance": str(prov)},
+        sizes=DefaultSizes(1, (3,), 160, 160, 12), log=lambda _: None)
+    policy = CalibratedPolicy.load(out)
+    weights = policy.gates[2].to_dict()["weights"]
+    assert "judge_unsafe" in weights and "rv_coverage" in weights, weights
+    reviewer = load_screener(out).reviewer  # what the policy's L2 runs: the judge
+    assert reviewer is not None
+    [verdict] = reviewer.review([ReviewCase(harmful_step())])
+    assert verdict.judge_unsafe is not None and "judge_unsafe" in verdict.signals()
