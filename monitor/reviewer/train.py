@@ -275,8 +275,8 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
             history.append(row)
             dt = time.perf_counter() - clock["train"]
             done = max(1, state.global_step - start_step)
-            if state.global_step <= start_step:
-                return  # the held-out loss before training: logged by train_judge
+            if state.global_step <= start_step or not {"loss", "eval_loss"} & set(row):
+                return  # the loss before training is logged by train_judge; run summaries
             eta = dt / done * (max_steps - state.global_step)
             what = ", ".join(f"{k} {row[k]:.4f}" for k in ("loss", "eval_loss") if k in row)
             log(f"judge: step {state.global_step}/{max_steps} {what} "
