@@ -81,6 +81,7 @@ def ensure_judge(data: list[str], sizes: DefaultSizes, *, log: Log = _stderr) ->
     log(f"vigil: fine-tuning the L2 judge on {sizes.judge_examples} examples -> {path} "
         "(`monitor reviewer train` makes the full one)")
     cfg = JudgeTrainConfig(data=data, out=str(path), max_examples=sizes.judge_examples,
+                           eval_examples=min(160, max(16, sizes.judge_examples // 4)),
                            max_chars=sizes.judge_chars)
     return train_judge(cfg, log=log)
 
