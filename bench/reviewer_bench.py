@@ -264,11 +264,7 @@ def main() -> None:
         "auroc_harmful_vs_benign": auroc,
         "mean_signal": mean_by,
         "errors": len(errors),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "python": platform.python_version(), "cpu_count": os.cpu_count(),
-                    "torch_threads": args.threads,
-                    "loadavg_1m_before_after": [round(load0[0], 2),
-                                                round(os.getloadavg()[0], 2)],
+        "machine": {**_machine(args.threads, load0[0]),
                     "note": "other engineers' jobs share these CPUs; latency varies with load"},
         "reading": reading(auroc),
     }

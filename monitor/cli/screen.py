@@ -70,7 +70,7 @@ def _judge_trajectories(
     """The fine-tuned judge's verdict on each whole trajectory of ``batch`` (its trajectory
     question on the last step), when the screener's reviewer is a judge; else None."""
     reviewer = screener.reviewer
-    if reviewer is None or not getattr(getattr(reviewer, "config", None), "judged", False):
+    if reviewer is None or not getattr(reviewer, "judged", False):
         return None
     last, i = [], 0
     for t in batch:

@@ -218,6 +218,7 @@ class RubricReviewer:
         self._null: list[float] | None = None
         self._null_lock = threading.Lock()
         self.judge_max_chars = config.judge_max_chars or 1200
+        self.judged = config.judged  # once: it may look for a bundle on disk
 
     # -- for backends -----------------------------------------------------------------
     @property
@@ -234,10 +235,11 @@ class RubricReviewer:
         of each of ``prompts`` (budget reserved inside)."""
         raise NotImplementedError
 
-    def _judge(self, step: ScreenStep, deadline: float) -> tuple[float, float]:
-        """The judge's P(unsafe) for ``step`` and what asking cost."""
-        got = self._score([judge_prompt(step, max_chars=self.judge_max_chars)], deadline,
-                          JUDGE_ANSWERS)
+    def _judge(self, step: ScreenStep, deadline: float, mode: str = "step"
+               ) -> tuple[float, float]:
+        """The judge's P(unsafe) for ``step`` (its ``mode`` question) and what asking cost."""
+        got = self._score([judge_prompt(step, mode=mode, max_chars=self.judge_max_chars)],
+                          deadline, JUDGE_ANSWERS)
         self.budget.settle(got.reserved, got.cost)
         [(lu, ls)] = got.logprobs
         if lu is None or ls is None:
@@ -256,15 +258,10 @@ class RubricReviewer:
         out: list[float | None] = []
         for step in last_steps:
             p: float | None = None
-            if self.config.judged:
-                deadline = time.monotonic() + self.config.timeout_s
+            if self.judged:
                 try:
-                    got = self._score([judge_prompt(step, mode="trajectory",
-                                                    max_chars=self.judge_max_chars)],
-                                      deadline, JUDGE_ANSWERS)
-                    self.budget.settle(got.reserved, got.cost)
-                    [(lu, ls)] = got.logprobs
-                    p = None if lu is None or ls is None else verdict_score(lu, ls)
+                    p = self._judge(step, time.monotonic() + self.config.timeout_s,
+                                    "trajectory")[0]
                 except (ReviewTimeout, ReviewError):
                     p = None
             out.append(p)
@@ -321,7 +318,7 @@ class RubricReviewer:
                 notes.append("Scores are calibrated against a content-free step "
                              "(0.5 = no different).")
             judged = None
-            if self.config.judged:
+            if self.judged:
                 judged, spent = self._judge(case.step, deadline)
                 cost += spent
                 notes.append(f"The fine-tuned judge gives P(unsafe) = {judged:.3f}.")

@@ -66,7 +66,7 @@ class LocalReviewer(RubricReviewer):
         lm = model or load_reviewer_model(config.model_path, threads=config.threads)
         self.engine = NextTokenEngine(lm, batch_size=config.batch_size)
         self._answer_ids: dict[Answers, tuple[list[int], list[int]]] = {}
-        for answers in (RUBRIC_ANSWERS, *((JUDGE_ANSWERS,) if config.judged else ())):
+        for answers in (RUBRIC_ANSWERS, *((JUDGE_ANSWERS,) if self.judged else ())):
             pos, neg = (self.engine.token_ids(words) for words in answers)
             if not pos or not neg:
                 raise ValueError(f"{lm.path}: the tokenizer has no single token for "
