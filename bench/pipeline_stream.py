@@ -1,10 +1,12 @@
 """The stream part of ``bench/pipeline_bench.py``: offered load through the real broker.
 
 A producer publishes deployment step events (held-out ``test_slack`` AgentDojo steps, in
-trajectory order) at a fixed rate to the embedded Tansu broker; the worker's screen stage
-(L0 + L1, ``monitor.stream.screen.ScreenStage`` in a ``Worker`` thread) scores them; a reader on
-the scores topic measures produce → tier-0 score latency. Model compute is the screener's
-own per-tier timing; the handler's other work and the processor loop are overhead.
+trajectory order) at a fixed rate to the embedded Tansu broker; the worker's two screening
+stages, each in a thread with its own bus and consumer group as ``monitor stream`` runs them
+(L0: ``monitor.stream.screen.ScreenStage``; L1: ``monitor.stream.probe.ProbeStage``, on
+``vigil.steps.l0``), score them; a reader on the scores topic measures produce → tier-0 and
+produce → tier-1 score latency. Model compute is each stage's own per-tier timing; the
+handlers' other work is overhead (the processor loop and the broker are not in it).
 """
 
 from __future__ import annotations
@@ -40,8 +42,19 @@ def _events(datasets: list[str], n: int) -> list[Any]:
     return out
 
 
+def _pct(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"p50": None, "p99": None, "max": None}
+    a = np.array(xs) * 1000
+    return {"p50": round(float(np.percentile(a, 50)), 1),
+            "p99": round(float(np.percentile(a, 99)), 1), "max": round(float(a.max()), 1)}
+
+
 def run_rate(screener: Any, bootstrap: str, datasets: list[str], rate: float, seconds: float,
              tag: str) -> dict[str, Any]:
+    from dataclasses import replace
+
+    from monitor.stream.probe import ProbeStage
     from monitor.stream.screen import ScreenStage
     from streams.config import KafkaSettings, Topics
     from streams.kafka import KafkaBus
@@ -54,31 +67,36 @@ def run_rate(screener: Any, bootstrap: str, datasets: list[str], rate: float, se
     admin.ensure_topics(topics.all())
     events = _events(datasets, int(rate * seconds))
     n = len(events)  # whole trajectories: a few more than rate * seconds
-    screener.timings.clear()
-    handler_s = [0.0]
     stop = threading.Event()
-    stage = ScreenStage(screener, topics, report=lambda _m: None)
-    orig = stage.handle_batch
+    # the two stages of a worker: each its own consumer group, thread and bus
+    l0 = replace(screener, timings={})
+    l1 = replace(screener, timings={})
+    stages = {"screen": ScreenStage(l0, topics, report=lambda _m: None),
+              "probe": ProbeStage(l1, topics, report=lambda _m: None)}
+    handler_s = {name: 0.0 for name in stages}
+    threads = []
+    for name, stage in stages.items():
+        orig = stage.handle_batch
 
-    def timed(items: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return orig(items)
-        finally:
-            handler_s[0] += time.perf_counter() - t0
+        def timed(items: Any, _orig: Any = orig, _name: str = name) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _orig(items)
+            finally:
+                handler_s[_name] += time.perf_counter() - t0
 
-    stage.handle_batch = timed  # type: ignore[method-assign]
-    proc = stage.processor(KafkaBus(settings), f"bench-{tag}", batch_size=64)
-    wt = threading.Thread(target=lambda: proc.run(stop=stop), daemon=True)
-    wt.start()
+        stage.handle_batch = timed  # type: ignore[method-assign]
+        proc = stage.processor(KafkaBus(settings), f"bench-{tag}-{name}", batch_size=64)
+        threads.append(threading.Thread(target=lambda p=proc: p.run(stop=stop), daemon=True))
+    for t in threads:
+        t.start()
     sent: dict[tuple[str, str], float] = {}
-    lat: list[float] = []
+    lat: dict[int, list[float]] = {0: [], 1: []}
     reader = KafkaBus(settings).consumer([topics.scores], f"bench-reader-{tag}")
     while not reader.assigned:
         reader.poll(0.2)
-    time.sleep(6.0)  # the worker joins its group (Tansu: ~3 s)
+    time.sleep(6.0)  # the stages join their groups (Tansu: ~3 s)
     prod = KafkaBus(settings)
-    done = threading.Event()
 
     def produce() -> None:
         t0 = time.perf_counter()
@@ -92,47 +110,51 @@ def run_rate(screener: Any, bootstrap: str, datasets: list[str], rate: float, se
             if i % 50 == 0:
                 prod.flush()
         prod.flush()
-        done.set()
 
     t_start = time.time()
     pt = threading.Thread(target=produce, daemon=True)
     pt.start()
-    got: set[tuple[str, str]] = set()
+    got: dict[int, set[tuple[str, str]]] = {0: set(), 1: set()}
+    flagged: set[tuple[str, str]] = set()
+    last = {0: t_start, 1: t_start}
     deadline = time.time() + seconds + 180
-    last_score = t_start
-    while len(got) < n and time.time() < deadline:
+    while (len(got[0]) < n or not flagged <= got[1]) and time.time() < deadline:
         for m in reader.poll(0.2):
             s = decode(m.value, Score)
-            if s.tier != 0:
-                continue
             k = (s.trajectory_id, s.step_id)
-            if k in got or k not in sent:
+            if s.tier not in got or k in got[s.tier] or k not in sent:
                 continue
-            got.add(k)
+            got[s.tier].add(k)
+            if s.tier == 0 and s.flagged:
+                flagged.add(k)
             now = time.time()
-            lat.append(now - sent[k])
-            last_score = now
+            lat[s.tier].append(now - sent[k])
+            last[s.tier] = now
     stop.set()
-    wt.join(30)
+    for t in threads:
+        t.join(30)
     reader.close()
     prod.close()
     admin.close()
-    model_s = sum(screener.timings.values())
-    a = np.array(lat) * 1000 if lat else np.zeros(1)
+    model = {"L0": l0.timings.get("L0", 0.0), "L1": l1.timings.get("L1", 0.0)}
+    model_s = sum(model.values())
+    handled = sum(handler_s.values())
     return {
         "offered_steps_per_s": rate,
         "steps_offered": n,
-        "steps_scored": len(got),
-        "throughput_steps_per_s": round(len(got) / max(last_score - t_start, 1e-9), 1),
-        "latency_ms_p50": round(float(np.percentile(a, 50)), 1),
-        "latency_ms_p99": round(float(np.percentile(a, 99)), 1),
-        "latency_ms_max": round(float(a.max()), 1),
-        "model_seconds": {k: round(v, 2) for k, v in screener.timings.items()},
-        "handler_seconds": round(handler_s[0], 2),
-        "handler_overhead_share_of_model": round((handler_s[0] - model_s) / model_s, 3)
-        if model_s
-        else None,
-        "wall_seconds": round(last_score - t_start, 1),
+        "steps_scored_tier0": len(got[0]),
+        "steps_passed_to_L1": len(flagged),
+        "steps_scored_tier1": len(got[1]),
+        "throughput_steps_per_s": {
+            "screen_L0": round(len(got[0]) / max(last[0] - t_start, 1e-9), 1),
+            "probe_L1_scored": round(len(got[1]) / max(last[1] - t_start, 1e-9), 1)},
+        "latency_ms_tier0": _pct(lat[0]),
+        "latency_ms_tier1": _pct(lat[1]),
+        "model_seconds": {k: round(v, 2) for k, v in model.items()},
+        "handler_seconds": {k: round(v, 2) for k, v in handler_s.items()},
+        "handler_overhead_share_of_model": round((handled - model_s) / model_s, 3)
+        if model_s else None,
+        "wall_seconds": round(max(last.values()) - t_start, 1),
     }
 
 

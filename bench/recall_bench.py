@@ -119,7 +119,7 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
         bus = KafkaBus(settings)
         bus.ensure_topics(topics.all())
         stop = threading.Event()
-        worker = build_worker(WorkerConfig(topics=topics, roles=("screen", "recall"),
+        worker = build_worker(WorkerConfig(topics=topics, roles=("screen", "probe", "recall"),
                                            group="bench", batch_size=64, stats_every_s=1e9),
                               lambda: KafkaBus(settings), screener=screener, stop=stop,
                               report=lambda _m: None, metrics=metrics,

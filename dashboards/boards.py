@@ -342,6 +342,13 @@ def overview() -> DashboardBuilder:
              unit="s", log_scale=True,
              description="Per step, from the input record's produce time to the stage's "
              "outputs published."))
+         .with_panel(timeseries_panel(
+             "Produce → tier score (p50, p99)",
+             _quantiles("vigil_score_latency_seconds", (0.5, 0.99), ["tier"], "tier {{tier}} "),
+             unit="s", log_scale=True,
+             description="Per step, from the step's produce time to its tier-0 score (screen "
+             "stage) and its tier-1 score (probe stage, across both stages): the tier-0 "
+             "score does not wait for L1."))
          .with_row(row("Delivery"))
          .with_panel(timeseries_panel("Consumer lag by stage", [query(
              "sum by (stage) (vigil_consumer_lag)", "{{stage}}")], width=6,

@@ -10,6 +10,8 @@ worker (``monitor stream --metrics-port``)
     vigil_escalations_total{stream, tier}           escalation records published (tier 2, 3)
     vigil_tier_latency_seconds{tier}                per step: its batch's model time at L0, L1, L2
     vigil_step_latency_seconds{stage}               per step: produce time to output published
+    vigil_score_latency_seconds{tier}               per step: the step's produce time to its
+                                                    tier-0 (screen) or tier-1 (probe) score
     vigil_reviews_total{backend, outcome}           L2 reviews (outcome: ok | error)
     vigil_reviewer_cost_total{backend}              the reviewer's cost (its backend's unit)
     vigil_deadletters_total{stage, reason}          records sent to the dead-letter topic
@@ -77,6 +79,10 @@ class WorkerMetrics:
             "vigil_step_latency_seconds",
             "Per step, from the input record's produce time to the stage's outputs published",
             ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.score_latency = Histogram(
+            "vigil_score_latency_seconds",
+            "Per step, from the step's produce time to its tier-0 or tier-1 score computed",
+            ["tier"], buckets=_LATENCY_BUCKETS, registry=r)
         self.reviews = Counter("vigil_reviews", "L2 reviews", ["backend", "outcome"], registry=r)
         self.reviewer_cost = Counter("vigil_reviewer_cost", "Reviewer cost in its backend's "
                                      "unit (endpoint: money; local: seconds)", ["backend"],
@@ -121,17 +127,19 @@ class WorkerMetrics:
                 self.steps.labels(stream=stream, tier=str(tier), canary="false")
         for tier in (0, 1, 2):
             self.tier_latency.labels(tier=str(tier))
+        for tier in (0, 1):
+            self.score_latency.labels(tier=str(tier))
         for flag in ("true", "false"):
             self.verdicts.labels(quarantine=flag)
         for stream in STREAMS:
             for tier in (2, 3):
                 self.escalations.labels(stream=stream, tier=str(tier))
         self.broker_up.set(1)
-        for stage in ("reassemble", "screen", "review", "recall"):
+        for stage in ("reassemble", "screen", "probe", "review", "recall"):
             self.step_latency.labels(stage=stage)
             self.delivery_failures.labels(stage=stage)
             self.delivering.labels(stage=stage).set(1)
-        for stage in ("reassemble", "screen"):
+        for stage in ("reassemble", "probe"):
             self.rollout_timeouts.labels(stage=stage)
         for result in ("opened", "deduplicated"):
             self.pages.labels(result=result)

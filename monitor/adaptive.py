@@ -167,12 +167,16 @@ class LiveGates:
     def thresholds(self) -> tuple[float, ...]:
         return tuple(g.threshold() for g in self.gates)
 
-    def observe(self, decisions: Sequence[TierDecision], kind: Sequence[str]) -> None:
-        """Sketch each decided step's score at every gate it reached. ``kind`` per step:
-        ``"real"`` (traffic), ``"canary"`` (a harmful canary step: the recall floor) or
-        anything else (not sketched: the benign steps of a canary trajectory replay training
-        traffic, not this stream's)."""
+    def observe(self, decisions: Sequence[TierDecision], kind: Sequence[str], *,
+                first: int = 0) -> None:
+        """Sketch each decided step's score at every gate it reached, from gate ``first`` on
+        (a stream's L1 stage sees only what L0 escalated: gate 0 is the L0 stage's to
+        sketch). ``kind`` per step: ``"real"`` (traffic), ``"canary"`` (a harmful canary
+        step: the recall floor) or anything else (not sketched: the benign steps of a canary
+        trajectory replay training traffic, not this stream's)."""
         for k, gate in enumerate(self.gates):
+            if k < first:
+                continue
             real = [d.gate_scores[k] for d, c in zip(decisions, kind, strict=True)
                     if len(d.gate_scores) > k and c == "real"]
             fake = [d.gate_scores[k] for d, c in zip(decisions, kind, strict=True)

@@ -130,12 +130,39 @@ class Screener:
         live = None if proposal else self.live
         thresholds = None if live is None else live.thresholds()
         rows = self.tier_signals(0, steps)
-        reviews: list[ReviewVerdict | None] = [None for _ in steps]
         decisions = self.policy.decide_many(rows, through=0, proposal=proposal,
                                             thresholds=thresholds)
-        for tier in (1, 2):
-            if tier > through:
-                break
+        return self._climb(steps, rows, decisions, 1, through, proposal, thresholds)
+
+    def screen_escalated(self, steps: Sequence[ScreenStep], l0: Sequence[Mapping[str, float]],
+                         *, through: int = 1) -> list[StepVerdict]:
+        """Tiers 1 to ``through`` for steps an L0 stage has already escalated (the L1 stage of
+        the stream): ``l0`` is each step's L0 signals. Gate 0 is not decided again (the L0
+        stage's live threshold may differ from this stage's); the live gates here sketch
+        the gates from 1 on."""
+        if not 1 <= through <= 2:
+            raise ValueError(f"through must be 1 or 2, got {through}")
+        thresholds = list(self.live.thresholds() if self.live is not None else
+                          (g.threshold_for(False) for g in self.policy.gates))
+        thresholds[0] = 0.0  # passed already
+        rows = [dict(r) for r in l0]
+        decisions = self.policy.decide_many(rows, through=0, thresholds=thresholds)
+        return self._climb(steps, rows, decisions, 1, through, False, thresholds, first_gate=1)
+
+    def _climb(
+        self,
+        steps: Sequence[ScreenStep],
+        rows: list[dict[str, float]],
+        decisions: list[TierDecision],
+        start: int,
+        through: int,
+        proposal: bool,
+        thresholds: Sequence[float] | None,
+        first_gate: int = 0,
+    ) -> list[StepVerdict]:
+        """Tiers ``start`` to ``through`` on the steps the tier before escalates."""
+        reviews: list[ReviewVerdict | None] = [None for _ in steps]
+        for tier in range(start, through + 1):
             up = [i for i, d in enumerate(decisions) if d.tier >= tier]
             if up:
                 sub = [steps[i] for i in up]
@@ -151,11 +178,13 @@ class Screener:
                             rows[i].update(v.signals())
             decisions = self.policy.decide_many(rows, through=tier, proposal=proposal,
                                                 thresholds=thresholds)
+        live = None if proposal else self.live
         if live is not None:
             from dashboards.canary import is_canary
 
             live.observe(decisions, [("canary" if s.step.label == 1 else "replay")
-                                     if is_canary(s.meta) else "real" for s in steps])
+                                     if is_canary(s.meta) else "real" for s in steps],
+                         first=first_gate)
         return [
             self._verdict(s, d, r, v) for s, d, r, v in zip(steps, decisions, rows, reviews,
                                                              strict=True)

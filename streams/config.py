@@ -74,6 +74,7 @@ class Topics(BaseSettings):
 
     steps_rollout: str = "vigil.steps.rollout"
     steps_deployment: str = "vigil.steps.deployment"
+    steps_l0: str = "vigil.steps.l0"  # L0 -> L1: every step with its L0 verdict
     tito_calls: str = "vigil.tito.calls"
     tito_executions: str = "vigil.tito.executions"
     scores: str = "vigil.scores"

@@ -298,6 +298,27 @@ class LabelRecord(Record):
     created_at: float = 0.0
 
 
+class L0Step(Record):
+    """A step the L0 stage has scored, on its way to the L1 stage (``vigil.steps.l0``).
+
+    Every step is passed on, escalated or not: the L1 stage rebuilds each trajectory's
+    history from them and closes rollout executions; it runs its models only on the steps
+    with ``escalate`` (gate 0 passed, by the L0 stage's thresholds)."""
+
+    kind: ClassVar[str] = "step.l0"
+
+    event: StepEvent
+    score: float = Field(ge=0.0, le=1.0, description="gate 0's probability of harm")
+    escalate: bool = False
+    signals: dict[str, float] = Field(default_factory=dict, description="the L0 signals")
+    produced_ms: int = Field(default=0, description="when the step was produced (broker time)")
+    created_at: float = 0.0
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.event.trajectory_id}/{self.event.step.step_id}/l0"
+
+
 class GateState(Record):
     """The screen stage's live gate sketches (``monitor stream --adapt``), saved to the gates
     topic every few seconds and read back on a restart (``monitor.adaptive``)."""
@@ -321,6 +342,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
         RolloutVerdict,
         LabelRecord,
         GateState,
+        L0Step,
     )
 }
 

@@ -139,7 +139,7 @@ def test_demo_screens_the_samples_and_pages_as_it_goes(
     canary = next(x for x in summary.splitlines() if x.strip().startswith("canary "))
     assert "L1 " in canary and "L3 " in canary
     # the demo waited for the reviewer to finish the canaries too, not only the real steps
-    stats = [x for x in out.stdout.splitlines() if "vigil stream: screened" in x][-1]
+    stats = [x for x in out.stdout.splitlines() if "vigil stream: L0 scored" in x][-1]
     real_l2 = int(re.search(r"L2 (\d+)", stats).group(1))  # type: ignore[union-attr]
     reviewed = int(re.search(r"reviewed (\d+)", stats).group(1))  # type: ignore[union-attr]
     harmful_canaries_l2 = int(re.search(r"L2 (\d+)/", canary).group(1))  # type: ignore[union-attr]

@@ -14,6 +14,7 @@ from streams.records import (
     Escalation,
     ExecutionEnd,
     GateState,
+    L0Step,
     LabelRecord,
     Record,
     RecordError,
@@ -172,6 +173,10 @@ records = st.one_of(
         created_at=finite,
     ),
     st.builds(GateState, group=ident, state=text, created_at=finite),
+    trajectories().flatmap(lambda t: st.sampled_from(step_events(t)) if t.steps else st.nothing())
+    .flatmap(lambda e: st.builds(L0Step, event=st.just(e), score=unit, escalate=st.booleans(),
+                                 signals=signals, produced_ms=st.integers(0, 2**41),
+                                 created_at=finite)),
 )
 
 
@@ -196,6 +201,7 @@ def test_every_record_type_is_covered_by_the_round_trip() -> None:
         RolloutVerdict,
         LabelRecord,
         GateState,
+        L0Step,
     }
     assert set(RECORD_TYPES.values()) == kinds
 

@@ -14,18 +14,21 @@ EPILOG = textwrap.dedent(
     """\
     roles (each a consumer group; run more processes with the same --group to scale out):
       reassemble  TITO calls/executions -> vigil.steps.rollout (rollout trees)
-      screen      vigil.steps.{rollout,deployment} -> L0, L1 -> vigil.scores,
+      screen      vigil.steps.{rollout,deployment} -> L0 -> vigil.scores (tier 0, at once),
+                  vigil.steps.l0 (every step with its L0 verdict), vigil.labels
+      probe       vigil.steps.l0 -> L1 on what L0 escalated -> vigil.scores (tier 1),
                   vigil.escalations (tier 2), vigil.verdicts.rollout
       review      vigil.escalations (tier 2) -> L2 -> vigil.scores, tier-3 escalations,
                   and a page through the paging service
       recall      vigil.labels + vigil.scores -> recall per tier (vigil_labelled_steps_total)
-      all         the four, as threads of one process (default)
+      all         the five, as threads of one process (default); --role takes several
 
     examples:
       monitor paging token create --role producer --name worker      # once
       export VIGIL_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092
       monitor stream --paging-url http://127.0.0.1:8000 --paging-token vgl_...
-      monitor stream --role screen --batch-size 128                  # one more screen member
+      monitor stream --role screen --batch-size 256                  # one more L0 member
+      monitor stream --role probe                                    # one more L1 member
       monitor stream --role review --policy ~/policy.json
       monitor stream --idle-timeout 10     # stop after 10 s without input (tests, demos)
       monitor stream --metrics-port 9108 --canary-rate 0.01   # /metrics, 1 canary per 100 steps
@@ -53,7 +56,9 @@ def cmd_stream(args: argparse.Namespace) -> int:
     """``monitor stream``: check the options and the broker, load the models, run the worker."""
     import threading
 
-    roles = ("reassemble", "screen", "review", "recall") if args.role == "all" else (args.role,)
+    from monitor.stream.runner import ROLES
+
+    roles = ROLES if "all" in args.role else tuple(dict.fromkeys(args.role))
     paging_url = args.paging_url or os.environ.get("VIGIL_PAGING_URL")
     paging_token = args.paging_token or os.environ.get("VIGIL_PAGING_TOKEN")
     if paging_url and not paging_token:
@@ -146,9 +151,11 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(fn=cmd_stream)
-    p.add_argument("--role", choices=["all", "screen", "review", "reassemble", "recall"],
-                   default="all",
-                   help="which stage(s) to run (default: all, as threads)")
+    p.add_argument("--role", nargs="+", choices=["all", "reassemble", "screen", "probe", "review",
+                                                 "recall"],
+                   default=["all"], metavar="ROLE",
+                   help="which stage(s) to run, as threads: reassemble, screen (L0), probe "
+                   "(L1), review (L2), recall, or all (default)")
     p.add_argument("--policy", metavar="PATH",
                    help="calibrated policy (default: $VIGIL_HOME/models/policy.json, built on "
                    "first use)")
@@ -157,7 +164,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--paging-token", metavar="TOKEN",
                    help="a producer token of the paging service (default: $VIGIL_PAGING_TOKEN)")
     p.add_argument("--group", default="vigil",
-                   help="consumer-group prefix: GROUP-screen, GROUP-review, GROUP-reassembly "
+                   help="consumer-group prefix: GROUP-screen, GROUP-probe, GROUP-review, ... "
                    "(default: vigil)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="records per micro-batch (default 64)")

@@ -3,7 +3,8 @@
 ``monitor stream``, ``monitor demo``, the tests and the benches all build their worker
 here, so the stages, their consumer groups and their options are the same everywhere::
 
-    worker = build_worker(WorkerConfig(roles=("screen", "review")), lambda: KafkaBus(settings),
+    worker = build_worker(WorkerConfig(roles=("screen", "probe", "review")),
+                          lambda: KafkaBus(settings),
                           policy=None, paging=PagingClient(url, token))
     worker.run()
 """
@@ -46,9 +47,11 @@ def build_worker(
     """The worker running ``config.roles``, each stage over its own bus from ``bus_factory``.
 
     ``screener``: the screening pipeline; without one it is loaded from ``policy`` (default
-    ``$VIGIL_HOME/models/policy.json``): the whole screener when the screen stage runs, the
-    policy and the L2 reviewer alone for a review-only worker. ``paging``: where tier-3 steps
-    page a human (None: they go to the escalations topic only). ``canary_rate`` > 0 injects
+    ``$VIGIL_HOME/models/policy.json``): the whole screener when the screen (L0) or probe
+    (L1) stage runs, the policy and the L2 reviewer alone for a review-only worker. The
+    screen and probe stages of one worker share it, each with its own live gates.
+    ``paging``: where tier-3 steps page a human (None: they go to the escalations topic
+    only). ``canary_rate`` > 0 injects
     canaries from ``canaries`` (default: the set built from the training split).
     """
     unknown = set(config.roles) - set(ROLES)
@@ -56,7 +59,8 @@ def build_worker(
         raise ValueError(f"unknown role {sorted(unknown)[0]!r}: choose from {', '.join(ROLES)}")
     if canary_rate > 0 and "screen" not in config.roles:
         raise ValueError("canaries need the screen stage (--role screen or all)")
-    if screener is None and "screen" in config.roles:
+    screens = bool({"screen", "probe"} & set(config.roles))
+    if screener is None and screens:
         from monitor.defaults import ensure_policy
         from monitor.pipeline import load_screener
 
@@ -96,20 +100,27 @@ def build_worker(
             on_tree=count_tree, open_timeout_s=config.execution_timeout_s,
             max_open=config.max_open_executions,
         )[0]
+    if screens and config.adapt_window:
+        report(f"vigil stream: gate thresholds adapt to the stream's last "
+               f"{config.adapt_window} scores at each gate (--adapt)")
     if "screen" in config.roles:
         assert screener is not None
-        if config.adapt_window:
-            from monitor.adaptive import LiveGates
-
-            screener.live = LiveGates(screener.policy, window=config.adapt_window)
-            report(f"vigil stream: gate thresholds adapt to the stream's last "
-                   f"{config.adapt_window} scores at each gate (--adapt)")
-        screen = ScreenStage(screener, topics, stats=stats, report=report, on_step=on_step,
-                             metrics=metrics, canaries=injector,
-                             execution_timeout_s=config.execution_timeout_s,
+        l0 = _with_live_gates(screener, config.adapt_window)
+        screen = ScreenStage(l0, topics, stats=stats, report=report, metrics=metrics,
+                             canaries=injector, execution_timeout_s=config.execution_timeout_s,
                              max_open_executions=config.max_open_executions)
         stages["screen"] = lambda bus: screen.processor(
             bus, config.group_of("screen"), batch_size=bs)
+    if "probe" in config.roles:
+        from monitor.stream.probe import ProbeStage
+
+        assert screener is not None
+        l1 = _with_live_gates(screener, config.adapt_window)
+        probe = ProbeStage(l1, topics, stats=stats, report=report, on_step=on_step,
+                           metrics=metrics, execution_timeout_s=config.execution_timeout_s,
+                           max_open_executions=config.max_open_executions)
+        stages["probe"] = lambda bus: probe.processor(
+            bus, config.group_of("probe"), batch_size=bs)
     if "review" in config.roles:
         from monitor.stream.review import ReviewStage
 
@@ -131,6 +142,20 @@ def build_worker(
         stages["recall"] = lambda bus: recall.processor(bus, config.group_of("recall"))
     return Worker(config, bus_factory, stages, stats=stats, stop=stop, report=report,
                   metrics=metrics, recall=recall)
+
+
+def _with_live_gates(screener: Screener, window: int | None) -> Screener:
+    """``screener`` for one stage: the same models, its own timings, and live gates of its
+    own (the screen stage sketches gate 0, the probe stage gates 1 and 2)."""
+    import copy
+    from dataclasses import replace
+
+    live = copy.deepcopy(screener.live)
+    if window:
+        from monitor.adaptive import LiveGates
+
+        live = LiveGates(screener.policy, window=window)
+    return replace(screener, live=live, timings={})
 
 
 def _canaries(path: str | Path | None, rate: float, report: Report) -> CanaryInjector:

@@ -26,10 +26,11 @@ if TYPE_CHECKING:
     from monitor.stream.recall import RecallStage
     from streams.health import BrokerState
 
-ROLES = ("screen", "review", "reassemble", "recall")
+ROLES = ("screen", "probe", "review", "reassemble", "recall")
 UPSTREAM: Mapping[str, tuple[str, ...]] = {
-    "reassemble": (), "screen": ("reassemble",), "review": ("reassemble", "screen"),
-    "recall": ("reassemble", "screen", "review"),
+    "reassemble": (), "screen": ("reassemble",), "probe": ("reassemble", "screen"),
+    "review": ("reassemble", "screen", "probe"),
+    "recall": ("reassemble", "screen", "probe", "review"),
 }
 StageFactory = Callable[[Bus], StreamProcessor]
 
@@ -40,7 +41,7 @@ class WorkerConfig:
 
     topics: Topics = field(default_factory=Topics)
     roles: tuple[str, ...] = ROLES
-    group: str = "vigil"  # consumer groups: {group}-screen, {group}-review, {group}-reassembly
+    group: str = "vigil"  # consumer groups: {group}-screen, {group}-probe, ... -reassembly
     batch_size: int = 64
     idle_timeout_s: float | None = None  # stop a stage after this long without input
     stats_every_s: float = 5.0

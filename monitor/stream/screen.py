@@ -1,11 +1,15 @@
-"""The screen stage (L0, L1): step events in; scores, escalations, labels and rollout verdicts out.
+"""The screen stage (L0): step events in; tier-0 scores at once, and every step on to L1.
 
     consume  vigil.steps.rollout + vigil.steps.deployment (one micro-batch)
-    score    Screener.screen(batch, through=1): L0 on every step, L1 on what L0 escalates
-    decide   the policy's gates: tier 0, 1 or 2 for each step
-    publish  Score(tier=0) for every step, Score(tier=1) for what L1 scored,
-             Escalation(tier=2) with the trajectory so far, the step's label (replayed
-             benchmark data, canaries) and, at an execution's final step, its RolloutVerdict
+    score    Screener.screen(batch, through=0): L0 on every step, gate 0 decided
+    publish  Score(tier=0) for every step, the step with its L0 verdict (L0Step) onto
+             vigil.steps.l0 for the probe stage (L1), the step's label (replayed benchmark
+             data, canaries) and canary trajectories drawn for the batch's real steps
+
+The tier-0 score never waits for L1: the probe stage (:mod:`monitor.stream.probe`) is a
+consumer group of its own on ``vigil.steps.l0`` and batches on its own clock. Every step
+goes on, escalated or not, so the probe stage can rebuild each trajectory's history and
+close rollout executions; its models run only on the escalated ones.
 
 A batch that makes the models fail is retried one record at a time by the processor, so
 only the poisoned record is dead-lettered; the stage's state changes only once the whole
@@ -16,29 +20,28 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from dashboards.canary import canary_events, canary_of, is_canary
 from monitor.screening import ScreenStep, screen_step_of
-from monitor.stream.history import TrajectoryHistory, fit_trajectory
+from monitor.stream.gates import GateSketches
+from monitor.stream.history import TrajectoryHistory
 from monitor.stream.stats import Report, WorkerStats, clip01, finite, stderr
 from monitor.stream.verdicts import RolloutVerdicts
 from streams.bus import Bus, Message
 from streams.config import Topics
 from streams.processor import Output, Positions, StreamProcessor
 from streams.records import (
-    Escalation,
     GateState,
+    L0Step,
     LabelRecord,
     Record,
-    RecordError,
     Score,
     Source,
     Step,
     StepEvent,
-    decode,
 )
 
 if TYPE_CHECKING:
@@ -55,13 +58,46 @@ class ScreenedStep:
     verdict: StepVerdict
 
 
+class StepHistories:
+    """Each step's history, from the steps seen before it (:class:`TrajectoryHistory`), and,
+    for rollout executions, the commit hold that lets a crash rebuild it exactly."""
+
+    def __init__(self, history_trajectories: int) -> None:
+        self.history = TrajectoryHistory(history_trajectories)
+
+    def steps(self, events: list[StepEvent]) -> tuple[list[ScreenStep], dict[str, OrderedDict[
+            str, tuple[Step, str | None]]]]:
+        """Each event as a :class:`ScreenStep` with its history, and the batch's steps by
+        trajectory (for :meth:`commit`, once the batch is scored)."""
+        pending: dict[str, OrderedDict[str, tuple[Step, str | None]]] = {}
+        steps: list[ScreenStep] = []
+        for e in events:
+            steps.append(screen_step_of(e, self.history.before(e, pending)))
+            parent = e.meta.get("parent_step_id") if e.meta else None
+            pending.setdefault(e.trajectory_id, OrderedDict())[e.step.step_id] = (
+                e.step, parent if isinstance(parent, str) else None
+            )
+        return steps, pending
+
+    def commit(self, events: list[StepEvent],
+               pending: Mapping[str, OrderedDict[str, tuple[Step, str | None]]]) -> None:
+        for tid, got in pending.items():
+            self.history.add(tid, got.values())
+        for e in events:
+            if e.final:  # the trajectory is over: its history is not needed any more
+                self.history.forget(e.trajectory_id)
+
+
 class ScreenStage:
-    """L0 on every step, L1 on what L0 escalates; tier-2 steps go to the escalations topic.
+    """L0 on every step; its tier-0 score at once, the step and its L0 verdict to L1.
 
     With ``canaries``, every batch of real steps brings canary trajectories onto the same
     steps topic (``dashboards.canary``); they are screened like any step when they come
-    back, but give no rollout verdict. Every labelled step (replayed benchmark data,
-    canaries) has its label published to the labels topic for the recall stage.
+    back. Every labelled step (replayed benchmark data, canaries) has its label published
+    to the labels topic for the recall stage.
+
+    Rollout executions hold commits until their final step (as in the probe stage), so
+    after a crash the whole open execution is scored again with its exact history.
 
     Use :meth:`processor` for the ``StreamProcessor`` over both steps topics.
     """
@@ -77,7 +113,6 @@ class ScreenStage:
         history_trajectories: int = 10_000,
         max_open_executions: int = 10_000,
         execution_timeout_s: float = 600.0,
-        on_step: Callable[[ScreenedStep], None] | None = None,
         report: Report = stderr,
         gates_every_s: float = 10.0,
     ) -> None:
@@ -86,18 +121,14 @@ class ScreenStage:
         self.stats = stats or WorkerStats()
         self.metrics = metrics
         self.canaries = canaries
-        self.history = TrajectoryHistory(history_trajectories)
-        self.rollouts = RolloutVerdicts(topics, self.stats, report, metrics=metrics,
-                                        execution_timeout_s=execution_timeout_s,
-                                        max_open_executions=max_open_executions)
-        self.on_step = on_step
+        self.histories = StepHistories(history_trajectories)
+        # the same open executions as the probe stage's, for their commit hold only
+        self.open = RolloutVerdicts(topics, self.stats, report, execution_timeout_s=
+                                    execution_timeout_s, max_open_executions=max_open_executions,
+                                    publish=False)
         self.report = report
-        self.gates_every_s = gates_every_s  # how often live gate sketches are saved
-        self._gates_saved = 0.0
-        self._gates_restored_at = 0.0  # created_at of the sketches resumed from
-        self._screened = False  # whether this process has screened a step yet
-        self._group = "vigil-screen"
-        self._l1_signals = set(screener.policy.config.tiers[1].signals)
+        self.sketches = (None if screener.live is None else
+                         GateSketches(screener.live, topics, report, every_s=gates_every_s))
         self._canaries_seen: OrderedDict[str, None] = OrderedDict()  # redelivered re-injections
         if metrics is not None:
             for k, g in enumerate(screener.policy.gates):
@@ -107,12 +138,9 @@ class ScreenStage:
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 64) -> StreamProcessor:
         inputs: dict[str, type[Record]] = {self.topics.steps_rollout: StepEvent,
                                            self.topics.steps_deployment: StepEvent}
-        self._group = group_id
-        if self.screener.live is not None:
-            # the stage reads its own saved sketches back, so the group's commits cover them
-            # and a restart resumes from the last one committed (read_before_committed)
-            inputs[self.topics.gates] = GateState
-            self._restore_gates(bus, group_id)
+        if self.sketches is not None:
+            inputs[self.topics.gates] = GateState  # so the group's commits cover its sketches
+            self.sketches.restore(bus, group_id)
         return StreamProcessor(
             bus,
             inputs,
@@ -125,108 +153,47 @@ class ScreenStage:
             ensure_topics=self.topics.all(),
         )
 
-    def _restore_gates(self, bus: Bus, group_id: str) -> None:
-        """Resume the live gates from the newest sketches this group saved and committed."""
-        assert self.screener.live is not None
-        latest: GateState | None = None
-        try:
-            for m in bus.read_before_committed(self.topics.gates, group_id, 1):
-                try:
-                    rec = decode(m.value, GateState)
-                except RecordError:
-                    continue
-                if rec.group == group_id and (latest is None or rec.created_at > latest.created_at):
-                    latest = rec
-            if latest is not None:
-                self.screener.live.restore(latest.state.encode())
-                self._gates_restored_at = latest.created_at
-        except Exception as e:  # noqa: BLE001 - start from the calibrated thresholds instead
-            self.report(f"vigil stream: live gates start afresh ({type(e).__name__}: {e})")
-            return
-        if latest is not None:
-            seen = [g.scores.n for g in self.screener.live.gates]
-            self.report(f"vigil stream: live gates resumed from the sketches saved at "
-                        f"{time.strftime('%H:%M:%S', time.localtime(latest.created_at))} "
-                        f"({', '.join(f'L{k}: {n} scores' for k, n in enumerate(seen))})")
-
-    def _resume(self, rec: GateState) -> None:
-        """Before this process screens its first step, the newest sketches its group saved
-        after the last commit (published with a batch's outputs, not yet read back) win;
-        afterwards the stage's own sketches are newer."""
-        live = self.screener.live
-        if live is None or self._screened or rec.group != self._group:
-            return
-        if rec.created_at > self._gates_restored_at:
-            live.restore(rec.state.encode())
-            self._gates_restored_at = rec.created_at
-
-    def _save_gates(self, now: float) -> list[Output]:
-        """The live gates' sketches, every ``gates_every_s``, onto the gates topic."""
-        live = self.screener.live
-        if live is None or now - self._gates_saved < self.gates_every_s:
-            return []
-        self._gates_saved = now
-        rec = GateState(group=self._group, state=live.to_bytes().decode(), created_at=now)
-        return [Output(self.topics.gates, rec, key=self._group,
-                       idempotency_key=f"{self._group}/gates/{now:.3f}")]
-
     def tick(self) -> list[Output]:
-        """Verdicts, marked incomplete, for open executions that went quiet."""
-        return self.rollouts.close_quiet(time.time())
+        self.open.close_quiet(time.time())  # quiet executions stop holding commits
+        return []
 
     def hold(self) -> Positions:
         """The first offset of every open rollout execution: commits never pass it."""
-        return self.rollouts.hold()
+        return self.open.hold()
 
     def handle_batch(self, items: list[tuple[Record, Message]]) -> list[Output]:
         # consume: the batch's step events, each with its history
         events = self._fresh(items)
         if not events:
             return []
-        self._screened = True
-        pending: dict[str, OrderedDict[str, tuple[Step, str | None]]] = {}
-        steps: list[ScreenStep] = []
-        for e, _ in events:
-            steps.append(screen_step_of(e, self.history.before(e, pending)))
-            parent = e.meta.get("parent_step_id") if e.meta else None
-            pending.setdefault(e.trajectory_id, OrderedDict())[e.step.step_id] = (
-                e.step, parent if isinstance(parent, str) else None
-            )
-        # score and decide: one call of the models for the whole batch
-        spent = dict(self.screener.timings)
-        verdicts = self.screener.screen(steps, through=1)  # may raise: nothing changed yet
+        if self.sketches is not None:
+            self.sketches.screened = True
+        steps, pending = self.histories.steps([e for e, _ in events])
+        # score and decide: one call of the L0 models for the whole batch
+        spent = self.screener.timings.get("L0", 0.0)
+        verdicts = self.screener.screen(steps, through=0)  # may raise: nothing changed yet
         now = time.time()
         canary = [is_canary(e.meta) for e, _ in events]
-        # publish: scores, escalations and labels of every step
+        # publish: the tier-0 score, the step for L1 and the label of every step
         outputs: list[Output] = []
-        for (e, _m), st, v, c in zip(events, steps, verdicts, canary, strict=True):
-            outputs.extend(self._outputs(e, st, v, now))
+        for (e, m), v, c in zip(events, verdicts, canary, strict=True):
+            outputs.extend(self._outputs(e, m, v, now))
             outputs.extend(self._label(e, c, now))
-            if self.on_step is not None:
-                self.on_step(ScreenedStep(e, v))
         # state changes only once the whole batch is scored
-        for tid, got in pending.items():
-            self.history.add(tid, got.values())
-        for e, _ in events:
-            if e.final:  # the trajectory is over: its history is not needed any more
-                self.history.forget(e.trajectory_id)
+        self.histories.commit([e for e, _ in events], pending)
         for (e, m), v, c in zip(events, verdicts, canary, strict=True):
             if c:
                 self._canaries_seen[f"{e.trajectory_id}/{e.step.step_id}"] = None
-                if e.source == "rollout" and e.final and self.metrics is not None:
-                    self.metrics.canaries_suppressed.labels(what="verdict").inc()
-                continue  # a canary never reaches a trainer's admission
-            outputs.extend(self.rollouts.track(e, m, v, now))
+            else:
+                self.open.track(e, m, v, now)
         while len(self._canaries_seen) > 100_000:
             self._canaries_seen.popitem(last=False)
         outputs.extend(self._inject(events, canary))
-        outputs.extend(self._save_gates(now))
-        self.stats.add_tiers((v.tier for v, c in zip(verdicts, canary, strict=True) if not c))
-        self.stats.add("canaries", sum(canary))
-        self.stats.add("canaries_to_review",
-                       sum(v.tier >= 2 for v, c in zip(verdicts, canary, strict=True) if c))
+        if self.sketches is not None:
+            outputs.extend(self.sketches.save(now))
+        self.stats.add("scored_l0", len(events))
         if self.metrics is not None:
-            self._observe(events, verdicts, canary, spent)
+            self._observe(events, verdicts, canary, self.screener.timings.get("L0", 0.0) - spent)
         return outputs
 
     def _fresh(self, items: list[tuple[Record, Message]]) -> list[tuple[StepEvent, Message]]:
@@ -235,7 +202,8 @@ class ScreenStage:
         events: list[tuple[StepEvent, Message]] = []
         for rec, m in items:
             if isinstance(rec, GateState):  # saved sketches read back
-                self._resume(rec)
+                if self.sketches is not None:
+                    self.sketches.read_back(rec)
                 continue
             if not isinstance(rec, StepEvent):  # pragma: no cover - the models map admits these
                 raise TypeError(f"expected a step event, got {rec.kind}")
@@ -246,37 +214,16 @@ class ScreenStage:
             events.append((rec, m))
         return events
 
-    def _outputs(self, e: StepEvent, st: ScreenStep, v: StepVerdict, now: float) -> list[Output]:
+    def _outputs(self, e: StepEvent, m: Message, v: StepVerdict, now: float) -> list[Output]:
         tid, sid = e.trajectory_id, e.step.step_id
-        gates = self.screener.policy.gates
         signals = finite(v.signals)
-        l0 = {k: x for k, x in signals.items() if k not in self._l1_signals}
-        out: list[Output] = []
-
-        def emit(record: Score | Escalation) -> None:
-            topic = self.topics.scores if isinstance(record, Score) else self.topics.escalations
-            out.append(Output(topic, record, key=tid, idempotency_key=record.idempotency_key))
-
-        common: dict[str, Any] = {"trajectory_id": tid, "step_id": sid, "source": e.source,
-                                  "created_at": now}
-        emit(Score(tier=0, score=clip01(v.gate_scores[0]), flagged=v.tier >= 1, signals=l0,
-                   **common))
-        if v.tier >= 1 and len(v.gate_scores) > 1:
-            emit(Score(tier=1, score=clip01(v.gate_scores[1]), flagged=v.tier >= 2,
-                       signals=signals, **common))
-        if v.tier >= 2:
-            p = v.gate_scores[1]
-            emit(
-                Escalation(
-                    tier=2,
-                    score=clip01(p),
-                    signals=signals,
-                    reason=f"L1 gate {p:.3f} >= threshold {gates[1].threshold:.3f}",
-                    trajectory=fit_trajectory(st.trajectory_so_far()),
-                    **common,
-                )
-            )
-        return out
+        score = clip01(v.gate_scores[0])
+        tier0 = Score(trajectory_id=tid, step_id=sid, source=e.source, created_at=now, tier=0,
+                      score=score, flagged=v.tier >= 1, signals=signals)
+        on = L0Step(event=e, score=score, escalate=v.tier >= 1, signals=signals,
+                    produced_ms=max(0, m.timestamp_ms), created_at=now)
+        return [Output(self.topics.scores, tier0, key=tid, idempotency_key=tier0.idempotency_key),
+                Output(self.topics.steps_l0, on, key=tid, idempotency_key=on.idempotency_key)]
 
     def _label(self, e: StepEvent, canary: bool, now: float) -> list[Output]:
         """The step's own label (replayed benchmark data, canaries) for the recall stage."""
@@ -316,20 +263,15 @@ class ScreenStage:
         return out
 
     def _observe(self, events: list[tuple[StepEvent, Message]], verdicts: list[StepVerdict],
-                 canary: list[bool], spent: Mapping[str, float]) -> None:
+                 canary: list[bool], took: float) -> None:
         m = self.metrics
         assert m is not None
-        took = {t: self.screener.timings.get(f"L{t}", 0.0) - spent.get(f"L{t}", 0.0)
-                for t in (0, 1)}
         if self.screener.live is not None:
-            for k, t in enumerate(self.screener.live.thresholds()):
-                m.gate_threshold.labels(gate=f"L{k}", kind="live").set(t)
-        for (e, _), v, c in zip(events, verdicts, canary, strict=True):
-            flag = "true" if c else "false"
-            for t in range(min(v.tier, 2) + 1):
-                m.steps.labels(stream=e.source, tier=str(t), canary=flag).inc()
-            m.tier_latency.labels(tier="0").observe(took[0])
-            if v.tier >= 1:
-                m.tier_latency.labels(tier="1").observe(took[1])
-            if v.tier >= 2:
-                m.escalations.labels(stream=e.source, tier="2").inc()
+            m.gate_threshold.labels(gate="L0", kind="live").set(self.screener.live.thresholds()[0])
+        now_ms = time.time() * 1000
+        for (e, msg), c in zip(events, canary, strict=True):
+            m.steps.labels(stream=e.source, tier="0", canary="true" if c else "false").inc()
+            m.tier_latency.labels(tier="0").observe(took)
+            if msg.timestamp_ms > 0:
+                m.score_latency.labels(tier="0").observe(max(0.0, now_ms - msg.timestamp_ms)
+                                                         / 1000)

@@ -31,7 +31,8 @@ def clip01(x: float) -> float:
 class WorkerStats:
     """What the worker did (thread-safe counters, printed as the progress line)."""
 
-    steps: int = 0
+    scored_l0: int = 0  # steps the screen stage scored (L0)
+    steps: int = 0  # steps the probe stage decided (their tier, L0 to L3)
     reached: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # steps reaching tier k
     reviewed: int = 0
     pages: int = 0
@@ -66,7 +67,8 @@ class WorkerStats:
             dl = sum(self.dead_letters.values())
             retried = sum(self.retries.values())
             return (
-                f"vigil stream: screened {self.steps} steps (L0 {r[0]}, L1 {r[1]}, L2 {r[2]}, "
+                f"vigil stream: L0 scored {self.scored_l0} steps; "
+                f"screened {self.steps} steps (L0 {r[0]}, L1 {r[1]}, L2 {r[2]}, "
                 f"L3 {r[3]}), reviewed {self.reviewed}, {self.pages} pages, "
                 f"{self.verdicts} rollout verdicts ({self.quarantined} quarantined), "
                 f"{dl} dead letters" + (f", {retried} batches retried" if retried else "")

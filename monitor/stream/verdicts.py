@@ -1,4 +1,4 @@
-"""Rollout verdicts: the screen stage's open executions, held until their final step, then
+"""Rollout verdicts: the probe stage's open executions, held until their final step, then
 one :class:`~streams.records.RolloutVerdict` each for the trainer's admission.
 
 An execution holds commits (its first offset per partition) while it is open, so a crash
@@ -37,7 +37,8 @@ class _Execution:
 
 
 class RolloutVerdicts:
-    """The open executions of one screen stage and the verdicts that close them."""
+    """The open executions of one stage and the verdicts that close them (``publish``: the
+    probe stage; the screen stage keeps them for the commit hold alone)."""
 
     def __init__(
         self,
@@ -48,8 +49,10 @@ class RolloutVerdicts:
         metrics: WorkerMetrics | None = None,
         execution_timeout_s: float = 600.0,
         max_open_executions: int = 10_000,
+        publish: bool = True,
     ) -> None:
         self.topics = topics
+        self.publish = publish  # False: the open executions' commit hold only (L0 stage)
         self.stats = stats
         self.report = report
         self.metrics = metrics
@@ -97,13 +100,15 @@ class RolloutVerdicts:
         """The verdict of execution ``eid``; it holds commits no more."""
         ex = self._open.pop(eid)
         self._quiet.forget(eid)
+        if not self.publish:
+            return []
         partial = timed_out or incomplete or ex.after_timeout
         if timed_out:
             self._timed_out[eid] = None
             while len(self._timed_out) > 100_000:
                 self._timed_out.popitem(last=False)
             if self.metrics is not None:
-                self.metrics.rollout_timeouts.labels(stage="screen").inc()
+                self.metrics.rollout_timeouts.labels(stage="probe").inc()
         verdict = RolloutVerdict(
             execution_id=eid,
             quarantine=bool(ex.reasons),

@@ -66,7 +66,7 @@ def test_the_worker_alerts_waits_and_resumes_after_a_broker_outage(
         setup.ensure_topics(topics.all())
         setup.close()
         port = free_port()
-        worker = start_stream(topics, "--role", "screen", "--group", f"{unique}.w",
+        worker = start_stream(topics, "--role", "screen", "probe", "--group", f"{unique}.w",
                               "--bootstrap-servers", broker.bootstrap_servers,
                               "--metrics-port", str(port))
         before = _events(small_agentdojo, 8, "before")

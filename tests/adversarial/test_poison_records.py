@@ -93,8 +93,8 @@ def test_an_execution_that_never_ends_does_not_hold_commits(
         publish_record(bus, topics.steps_rollout, ev, key=ev.trajectory_id)
     bus.flush()
     group = f"{unique}.w"
-    first = start_stream(topics, "--role", "screen", "--group", group, "--idle-timeout", "6",
-                         "--execution-timeout", "2")
+    first = start_stream(topics, "--role", "screen", "probe", "--group", group,
+                         "--idle-timeout", "6", "--execution-timeout", "2")
     assert first.proc.wait(240) == 0, first.log()[-3000:]
     assert out.read_until(lambda o: len(o.of(topics.verdicts_rollout)) >= 101, timeout=30)
     verdicts = {json.loads(m.value)["execution_id"]: json.loads(m.value)
@@ -103,8 +103,10 @@ def test_an_execution_that_never_ends_does_not_hold_commits(
     assert not any(v["incomplete"] for k, v in verdicts.items() if k != "abandoned")
     assert "incomplete" in first.log()
     assert committed(kafka_settings, f"{group}-screen", topics.steps_rollout) == 101
+    assert committed(kafka_settings, f"{group}-probe", topics.steps_l0) == 101
 
-    again = start_stream(topics, "--role", "screen", "--group", group, "--idle-timeout", "3")
+    again = start_stream(topics, "--role", "screen", "probe", "--group", group,
+                         "--idle-timeout", "3")
     assert again.proc.wait(240) == 0, again.log()[-3000:]
     out.read_until(lambda o: False, timeout=3)
     assert len(out.keys(topics.scores, tier=0)) == 101, "a clean restart re-screens nothing"

@@ -141,10 +141,10 @@ class StreamProcess:
         return self.proc.wait(timeout)
 
     def screened(self) -> int:
-        """Steps this process screened, from its final stats line."""
-        lines = [x for x in self.log().splitlines() if x.startswith("vigil stream: screened ")]
+        """Steps this process's screen stage (L0) scored, from its final stats line."""
+        lines = [x for x in self.log().splitlines() if x.startswith("vigil stream: L0 scored ")]
         assert lines, self.log()[-3000:]
-        return int(lines[-1].split()[3])
+        return int(lines[-1].split()[4])
 
 
 @pytest.fixture

@@ -39,11 +39,19 @@ def _tier3(out: Outputs, topics: Topics) -> set[str]:
     return {k for k, t in tiers.items() if t == 3}
 
 
+def _flagged_at_l0(out: Outputs, topics: Topics) -> set[str]:
+    """``trajectory/step`` of every step L0 passed up to L1."""
+    return {f"{r['trajectory_id']}/{r['step_id']}" for m in out.of(topics.scores)
+            if (r := json.loads(m.value))["tier"] == 0 and r["flagged"]}
+
+
 def _reviewed_all(out: Outputs, topics: Topics) -> bool:
-    """Every tier-2 escalation has its L2 score (the review stage caught up)."""
+    """Every step L0 passed up has its L1 score (the probe stage caught up), and every
+    tier-2 escalation its L2 score (the review stage caught up)."""
+    probed = {k.rsplit("/", 1)[0] for k in out.keys(topics.scores, tier=1)}
     up = {k.rsplit("/", 1)[0] for k in out.keys(topics.escalations, tier=2)}
     done = {k.rsplit("/", 1)[0] for k in out.keys(topics.scores, tier=2)}
-    return up <= done
+    return _flagged_at_l0(out, topics) <= probed and up <= done
 
 
 def _check_pages(paging: PagingServer, tier3: set[str]) -> list[dict]:  # type: ignore[type-arg]
@@ -120,6 +128,43 @@ def test_a_stream_reaches_the_tiers_pages_once_and_stops_cleanly(
     assert committed(kafka_settings, f"{unique}.w-screen", topics.steps_deployment) == (
         len(labels) + 2)
     assert "SIGTERM" in worker.log()
+    bus.close()
+
+
+def test_tier0_scores_do_not_wait_for_the_l1_stage(
+    start_stream, topics, kafka_settings, small_agentdojo, unique  # type: ignore[no-untyped-def]
+) -> None:
+    """L0 and L1 are separate stages: with no L1 stage running every step still gets its
+    tier-0 score; an L1 stage started later scores what L0 passed up, each after its
+    tier-0 score."""
+    bus = KafkaBus(kafka_settings)
+    bus.ensure_topics(topics.all())
+    out = Outputs(bus, topics, f"{unique}.reader")
+    labels = publish(bus, topics, eval_stream(small_agentdojo))
+    expected = {f"{k}/0" for k in labels}
+    screen = start_stream(topics, "--role", "screen", "--group", f"{unique}.w", name="l0")
+    assert out.read_until(lambda o: set(o.keys(topics.scores, tier=0)) >= expected, 150), (
+        screen.log()[-3000:])
+    out.read_until(lambda o: False, timeout=2.0)
+    assert not out.keys(topics.scores, tier=1), "no L1 stage runs: no tier-1 score"
+    flagged = _flagged_at_l0(out, topics)
+    assert flagged, "some steps must be passed up to L1"
+
+    probe = start_stream(topics, "--role", "probe", "--group", f"{unique}.w", name="l1")
+
+    def probed(o: Outputs) -> set[str]:
+        return {k.rsplit("/", 1)[0] for k in o.keys(topics.scores, tier=1)}
+
+    assert out.read_until(lambda o: probed(o) >= flagged, 150), probe.log()[-3000:]
+    assert probed(out) == flagged, "L1 scores exactly what L0 passed up"
+    at = {(r["trajectory_id"], r["step_id"], r["tier"]): r["created_at"]
+          for m in out.of(topics.scores) if (r := json.loads(m.value))}
+    for k in flagged:
+        tid, sid = k.rsplit("/", 1)
+        assert at[(tid, sid, 0)] < at[(tid, sid, 1)]
+    assert screen.terminate() == 0 and probe.terminate() == 0
+    assert committed(kafka_settings, f"{unique}.w-probe", topics.steps_l0) == len(labels)
+    out.close()
     bus.close()
 
 
