@@ -22,6 +22,7 @@ Features are computed once and cached under ``$VIGIL_HOME/cache/transfer``.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import sys
@@ -89,11 +90,19 @@ def rules_features(corpus: Corpus) -> np.ndarray:
     return np.array([[d[n] for n in names] for d in out])
 
 
-def minilm_features(corpus: Corpus) -> np.ndarray:
-    """MiniLM embeddings of the action and of the newest observation, side by side."""
-    from worldmodel.encoders import TextEncoder
+TEXT_ENCODER = ["minilm"]  # --text-encoder: "minilm" or "static" (model2vec, distilled)
 
-    enc = TextEncoder(cache_dir=paths.text_cache())
+
+def _encoder() -> Any:
+    from worldmodel.encoders import text_encoder
+
+    return text_encoder(TEXT_ENCODER[0], cache_dir=paths.text_cache(), log=say)
+
+
+def minilm_features(corpus: Corpus) -> np.ndarray:
+    """MiniLM (or static, ``--text-encoder``) embeddings of the action and of the newest
+    observation, side by side."""
+    enc = _encoder()
     act = enc.encode([st.step.action.text for st in corpus.steps])
     obs = enc.encode([st.step.observation.text for st in corpus.steps])
     enc.save()
@@ -141,7 +150,6 @@ def injection_families(corpus: Corpus) -> list[Family]:
     """The MIL chunk detector (``worldmodel.relational.InjectionDetector``) refitted per
     fold on the ``injected`` flags: does the newest observation (``injection_now``) or any
     earlier one the step's history shows (``injection_seen``) carry instructions?"""
-    from worldmodel.encoders import TextEncoder
     from worldmodel.features import chunks
 
     piece_id: dict[str, int] = {}
@@ -158,11 +166,11 @@ def injection_families(corpus: Corpus) -> list[Family]:
     now = [pieces_of(st.step.observation.text) for st in corpus.steps]
     seen = [sorted({i for h in st.history for i in pieces_of(h.observation.text)})
             for st in corpus.steps]
-    enc = TextEncoder(cache_dir=paths.text_cache())
+    enc = _encoder()
     t0 = time.perf_counter()
     emb = enc.encode(list(piece_id))
     enc.save()
-    say(f"injection: {len(piece_id)} observation pieces encoded in "
+    say(f"injection: {len(piece_id)} observation pieces encoded ({TEXT_ENCODER[0]}) in "
         f"{time.perf_counter() - t0:.0f} s")
 
     from worldmodel.relational import InjectionDetector
@@ -266,8 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-limit", type=int, default=None,
                     help="keep about this many steps (whole trajectories) of train and of val")
     ap.add_argument("--toolemu-cv", type=int, default=5)
+    ap.add_argument("--text-encoder", choices=["minilm", "static"], default="minilm",
+                    help="the text encoder of the injection and minilm families: MiniLM, or "
+                    "the static model2vec model distilled from it")
     ap.add_argument("--out", default=str(RESULTS / "transfer.json"))
     args = ap.parse_args(argv)
+    TEXT_ENCODER[0] = args.text_encoder
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     from worldmodel.datasets.format import read_manifest
@@ -291,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         tier, fn, C, doc = FEATURES[name]
         try:
-            X = cached(name, corpus, lambda fn=fn: fn(corpus))
+            key = name if name != "minilm" or args.text_encoder == "minilm" else "static"
+            X = cached(key, corpus, functools.partial(fn, corpus))
         except ImportError as e:
             skipped[name] = f"not available: {e}"
             say(f"{name}: skipped ({e})")
@@ -328,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "transfer",
         "command": " ".join([sys.executable, *sys.argv]),
         "data": {d: read_manifest(d).content_hash for d in datasets},
+        "text_encoder": args.text_encoder,
         "protocol": (
             "leave-one-domain-out over the training domains; each family fitted on the other "
             "domains; the stack fitted on out-of-domain scores of the fit domains (inner LODO); "

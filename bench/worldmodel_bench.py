@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import vigil.paths  # noqa: E402
 from worldmodel.datasets.format import read_transitions  # noqa: E402
-from worldmodel.encoders import TextEncoder  # noqa: E402
+from worldmodel.encoders import text_encoder  # noqa: E402
 from worldmodel.evaluate import evaluate  # noqa: E402
 from worldmodel.features import step_input  # noqa: E402
 from worldmodel.model import JEPAConfig  # noqa: E402
@@ -46,7 +46,8 @@ def throughput(bundle: Path, data: str, split: str, n: int, batch: int, screensh
         return {}
     base = Path(data)
     steps = [step_input(t) for t in rows]
-    cold = WorldModelScorer.load(bundle, encoder=TextEncoder(), batch_size=batch)  # empty cache
+    kind = json.loads((bundle / "config.json").read_text()).get("text_encoder", "minilm")
+    cold = WorldModelScorer.load(bundle, encoder=text_encoder(kind), batch_size=batch)  # no cache
     cold.image_base = base
     t0 = time.perf_counter()
     for i in range(0, len(steps), batch):
@@ -64,6 +65,7 @@ def throughput(bundle: Path, data: str, split: str, n: int, batch: int, screensh
     return {
         "steps": len(steps),
         "batch": batch,
+        "text_encoder": kind,
         "steps_per_s_cold_cache": len(steps) / t_cold,
         "steps_per_s_warm_cache": len(steps) / t_warm,
         "steps_per_s_pre_execution_warm": len(pre) / t_pre,
@@ -71,7 +73,8 @@ def throughput(bundle: Path, data: str, split: str, n: int, batch: int, screensh
     }
 
 
-def plot(result: dict, scores: dict, history: list, out: Path) -> list[str]:
+def plot(result: dict, scores: dict, history: list, out: Path, stem: str = "worldmodel"
+         ) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,7 +101,7 @@ def plot(result: dict, scores: dict, history: list, out: Path) -> list[str]:
         ax.set_ylabel("recall")
         ax.legend(loc="lower right")
     fig.tight_layout()
-    p = out / "worldmodel_roc.png"
+    p = out / f"{stem}_roc.png"
     fig.savefig(p, dpi=110)
     files.append(p.name)
     plt.close(fig)
@@ -115,7 +118,7 @@ def plot(result: dict, scores: dict, history: list, out: Path) -> list[str]:
         ax[1].set_title("validation")
         ax[1].legend()
         fig.tight_layout()
-        p = out / "worldmodel_training.png"
+        p = out / f"{stem}_training.png"
         fig.savefig(p, dpi=110)
         files.append(p.name)
         plt.close(fig)
@@ -129,6 +132,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--throughput-steps", type=int, default=1024)
+    ap.add_argument("--text-encoder", choices=["minilm", "static"], default="minilm")
+    ap.add_argument("--out", default=str(RESULTS / "worldmodel.json"))
     args = ap.parse_args()
     bundle = Path(args.bundle)
     t0 = time.monotonic()
@@ -139,6 +144,7 @@ def main() -> None:
                 out=str(bundle),
                 epochs=args.epochs,
                 text_cache=str(vigil.paths.text_cache()),
+                text_encoder=args.text_encoder,
                 model=JEPAConfig(),
             )
         )
@@ -172,8 +178,9 @@ def main() -> None:
         "held_out": ev["splits"],
         "throughput": tp,
     }
-    result["plots"] = plot(result, scores, metrics["history"], RESULTS)
-    (RESULTS / "worldmodel.json").write_text(
+    result["plots"] = plot(result, scores, metrics["history"], Path(args.out).parent,
+                           Path(args.out).stem)
+    Path(args.out).write_text(
         json.dumps(result, indent=2, sort_keys=True, default=float) + "\n"
     )
     print(

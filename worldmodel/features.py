@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from worldmodel.datasets.format import Transition, View
-from worldmodel.encoders import TEXT_DIM, TextEncoder
+from worldmodel.encoders import TEXT_DIM, TextEncoding
 from worldmodel.model import GUI_KINDS, REL_DIM, Batch, JEPAConfig
 
 GUI_DIM = len(GUI_KINDS) + 2
@@ -265,7 +265,7 @@ class Tables:
 
 def tabulate(
     steps: Sequence[StepInput],
-    encoder: TextEncoder,
+    encoder: TextEncoding,
     config: JEPAConfig,
     *,
     image_base: Path | None = None,

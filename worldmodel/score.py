@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from worldmodel.calibration import Calibration
-from worldmodel.encoders import TextEncoder
+from worldmodel.encoders import TextEncoding, text_encoder
 from worldmodel.features import StepInput, make_batch, tabulate
 from worldmodel.model import JEPA, JEPAConfig
 from worldmodel.relational import InjectionDetector, RelationalHarm, relational_features
@@ -70,7 +70,7 @@ class WorldModelScorer:
         self,
         model: JEPA,
         calibration: Calibration,
-        encoder: TextEncoder,
+        encoder: TextEncoding,
         *,
         batch_size: int = 64,
         image_base: Path | None = None,
@@ -94,7 +94,7 @@ class WorldModelScorer:
 
     @classmethod
     def load(
-        cls, path: str | Path, *, encoder: TextEncoder | None = None, batch_size: int = 64
+        cls, path: str | Path, *, encoder: TextEncoding | None = None, batch_size: int = 64
     ) -> WorldModelScorer:
         path = Path(path).expanduser()
         check_bundle(path)
@@ -108,7 +108,8 @@ class WorldModelScorer:
         return cls(
             model,
             calibration,
-            encoder or TextEncoder(cache_dir=cfg.get("text_cache")),
+            encoder or text_encoder(cfg.get("text_encoder", "minilm"),
+                                    cache_dir=cfg.get("text_cache")),
             batch_size=batch_size,
             data_hash={d: v["hash"] for d, v in data.items()},
             relational=json.loads(rel_file.read_text()) if rel_file.exists() else None,

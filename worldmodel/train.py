@@ -33,7 +33,7 @@ import torch
 from dashboards.recall import auroc, threshold_at_fpr
 from worldmodel.calibration import Calibration, fit_calibration, fit_platt
 from worldmodel.datasets.format import Transition, read_manifest, read_transitions
-from worldmodel.encoders import TextEncoder
+from worldmodel.encoders import TextEncoding, text_encoder
 from worldmodel.features import Tables, make_batch, step_input, tabulate
 from worldmodel.mil import MILLogisticRegression, bag_scores
 from worldmodel.model import JEPA, JEPAConfig, ema_update, momentum_at
@@ -57,6 +57,9 @@ class TrainConfig:
     max_train_rows: int | None = None
     threads: int | None = None
     text_cache: str | None = None
+    # "minilm" (the transformer) or "static" (model2vec, distilled from it): the bundle
+    # scores with the encoder it was trained on
+    text_encoder: str = "minilm"
     # actions read without tool names and argument keys (features.mask_action), here and
     # when the bundle scores
     mask_tools: bool = True
@@ -114,7 +117,7 @@ def trajectory_bags(transitions: list[Transition]) -> np.ndarray:
 def prepare(
     transitions: list[Transition],
     bases: list[Path],
-    encoder: TextEncoder,
+    encoder: TextEncoding,
     config: JEPAConfig,
     *,
     mask_tools: bool = False,
@@ -226,7 +229,7 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
         transitions, bases = [transitions[i] for i in keep], [bases[i] for i in keep]
     log(f"loaded {len(transitions)} train/val transitions from {len(cfg.data)} dataset(s)"
         + (f", leaving out {', '.join(cfg.exclude_domains)}" if cfg.exclude_domains else ""))
-    encoder = TextEncoder(cache_dir=cfg.text_cache)
+    encoder = text_encoder(cfg.text_encoder, cache_dir=cfg.text_cache, log=log)
     encoder.progress = log
     t0 = time.monotonic()
     prep = prepare(transitions, bases, encoder, cfg.model, mask_tools=cfg.mask_tools)

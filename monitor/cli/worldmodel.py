@@ -73,6 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_minutes=args.max_minutes,
         text_cache=str(vigil.paths.text_cache()),
+        text_encoder=args.text_encoder,
         model=model,
     )
     train(cfg)
@@ -169,6 +170,9 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--latent-dim", type=int, default=128)
     t.add_argument("--max-minutes", type=float, default=10.0, help="stop training after this")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--text-encoder", choices=["minilm", "static"], default="minilm",
+                   help="minilm: the transformer (cached by text); static: a model2vec model "
+                   "distilled from it on first use (much faster at L0; see the README)")
     t.add_argument("--vision-arch", help="an open_clip architecture for screenshots, e.g. ViT-B-32")
     t.add_argument("--vision-weights", help="local pretrained weights for --vision-arch")
     t.set_defaults(fn=cmd_train)
