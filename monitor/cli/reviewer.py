@@ -57,6 +57,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         max_chars=args.max_chars,
         bf16=not args.no_bf16,
         threads=args.threads,
+        lora_r=args.lora_r,
+        lora_layers=args.lora_layers,
+        lora_targets=tuple(args.lora_targets),
+        balance=not args.no_balance,
     )
     try:
         out = train_judge(cfg)
@@ -122,6 +126,15 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--max-chars", type=int, default=1200,
                    help="characters of trajectory shown per example (default 1200)")
     t.add_argument("--no-bf16", action="store_true", help="train in float32")
+    t.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
+    t.add_argument("--lora-layers", type=int,
+                   help="adapt only the top N decoder layers (default: all)")
+    t.add_argument("--lora-targets", nargs="+",
+                   default=["q_proj", "k_proj", "v_proj", "o_proj"],
+                   help="module names LoRA adapts (default: the attention projections)")
+    t.add_argument("--no-balance", action="store_true",
+                   help="sample examples in the data's proportions instead of half safe, "
+                   "half unsafe within each mode (step, trajectory)")
     t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     t.set_defaults(fn=cmd_train)
     s = rsub.add_parser(

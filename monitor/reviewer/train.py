@@ -71,12 +71,15 @@ def judge_examples(
     seed: int = 0,
     exclude_domains: Sequence[str] = (),
     held_out: bool = False,
+    balance: bool = False,
 ) -> list[JudgeExample]:
     """Examples of ``splits`` over ``datasets`` (see the module docstring); ``limit``: a
     seeded sample, harmful and benign kept in proportion; ``hard_negatives``: that share of
     the benign step examples is added again with a harmless instruction appended;
-    ``exclude_domains``: leave these domains out (leave-one-domain-out). A held-out
-    (``test*``) split is refused unless ``held_out`` (for measuring, never training)."""
+    ``balance``: the sample is half safe, half unsafe within each mode (:func:`_balanced`)
+    rather than in the data's proportions; ``exclude_domains``: leave these domains out
+    (leave-one-domain-out). A held-out (``test*``) split is refused unless ``held_out``
+    (for measuring, never training)."""
     from monitor.calibrate import screen_step_of_transition, trajectory_label_of
     from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_manifest, read_transitions
@@ -118,14 +121,45 @@ def judge_examples(
                 (t.category or (t.meta or {}).get("category")) if harmful[tid] else None,
                 "trajectory", domain_of(t), rule))
     if limit is not None and len(out) > limit:
-        y = np.array([e.label for e in out])
-        keep: list[int] = []
-        for cls in (0, 1):
-            idx = np.flatnonzero(y == cls)
-            k = min(len(idx), max(1, round(limit * len(idx) / len(out))))
-            keep += rng.choice(idx, k, replace=False).tolist()
+        keep = (_balanced(out, limit, rng) if balance else
+                _stratified(out, limit, rng, lambda e: e.label))
         out = [out[i] for i in sorted(keep)]
     return out
+
+
+def _stratified(examples: Sequence[JudgeExample], limit: int, rng: np.random.Generator,
+                key: Callable[[JudgeExample], Any]) -> list[int]:
+    """Indices of a seeded sample of ``limit`` examples, each ``key`` group in proportion."""
+    groups: dict[Any, list[int]] = {}
+    for i, e in enumerate(examples):
+        groups.setdefault(key(e), []).append(i)
+    keep: list[int] = []
+    for g in sorted(groups):
+        idx = groups[g]
+        k = min(len(idx), max(1, round(limit * len(idx) / len(examples))))
+        keep += rng.choice(idx, k, replace=False).tolist()
+    return keep
+
+
+def _balanced(examples: Sequence[JudgeExample], limit: int, rng: np.random.Generator
+              ) -> list[int]:
+    """Each mode (step, trajectory) keeps its share of ``limit``, half safe and half unsafe
+    where both are there to take: otherwise the judge learns each mode's majority answer
+    (a step is safe, a trajectory unsafe) instead of reading the step."""
+    keep: list[int] = []
+    for mode in ("step", "trajectory"):
+        idx = [i for i, e in enumerate(examples) if e.mode == mode]
+        if not idx:
+            continue
+        budget = max(2, round(limit * len(idx) / len(examples)))
+        by = {c: [i for i in idx if examples[i].label == c] for c in (0, 1)}
+        small = min(by, key=lambda c: len(by[c]))
+        k_small = min(len(by[small]), budget // 2)
+        k_large = min(len(by[1 - small]), budget - k_small)
+        for c, k in ((small, k_small), (1 - small, k_large)):
+            if k:
+                keep += rng.choice(by[c], k, replace=False).tolist()
+    return keep
 
 
 @dataclass
@@ -138,6 +172,8 @@ class JudgeTrainConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lora_layers: int | None = None  # adapt only the top N decoder layers (None: all)
+    balance: bool = True  # half safe, half unsafe within each mode (see _balanced)
     epochs: float = 1.0
     max_examples: int | None = 2000
     eval_examples: int = 160
@@ -239,7 +275,8 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     train = judge_examples(cfg.data, ["train"], limit=cfg.max_examples, max_chars=cfg.max_chars,
-                           seed=cfg.seed, exclude_domains=cfg.exclude_domains)
+                           seed=cfg.seed, exclude_domains=cfg.exclude_domains,
+                           balance=cfg.balance)
     val = heldout_examples(cfg)
     if len({e.label for e in train}) < 2:
         raise ValueError(f"{cfg.data}: the train split needs both safe and unsafe examples")
@@ -253,9 +290,13 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     if cfg.method == "lora":
         from peft import LoraConfig, get_peft_model
 
+        n_layers = int(model.config.num_hidden_layers)
+        layers = (None if not cfg.lora_layers else
+                  list(range(max(0, n_layers - cfg.lora_layers), n_layers)))
         model = get_peft_model(model, LoraConfig(
             r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-            target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM"))
+            target_modules=list(cfg.lora_targets), layers_to_transform=layers,
+            task_type="CAUSAL_LM"))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     log(f"judge: {cfg.method} fine-tuning of {lm.model_id}: {trainable:,} of {total:,} "
