@@ -5,6 +5,7 @@ stream's throughput and latency through the real broker.
     python bench/pipeline_bench.py --part quality --per-split 2000 --per-split-reviewed 150
     python bench/pipeline_bench.py --part stream --rates 50 200 1000
     python bench/pipeline_bench.py --part shift --per-split 2000   # budgets under shift
+    python bench/pipeline_bench.py --part l0 --l0-steps 2048        # L0 speed, cold and warm
 
 Quality (two passes per split: through L1 on a large sample, where tier 2 = "a reviewer
 would grade it" at the 2 % budget; and through the L2 reviewer on a small sample, where
@@ -17,10 +18,10 @@ exactly as ``monitor screen`` does. Reported per split: recall per tier (harmful
 reaching it), overall recall (steps flagged = reaching L3), false-positive rate (benign steps
 flagged), benign share per tier, pages per 10k steps, AUROC of the final score.
 
-Stream: the embedded Tansu broker and the screening stage of the worker (L0 + L1) in this
+Stream: the embedded Tansu broker and the worker's screen (L0) and probe (L1) stages in this
 process; a producer offers step events at a fixed rate; latency is the time from producing a
-step to its tier-0 score arriving on ``vigil.scores`` (both clocks are this machine's);
-model compute is the screener's own timing, overhead the rest.
+step to its tier-0 and its tier-1 score arriving on ``vigil.scores`` (both clocks are this
+machine's); model compute is each stage's own timing, overhead the rest of its handler.
 
 Writes bench/results/pipeline.json.
 """
@@ -197,6 +198,39 @@ def shift(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def l0_speed(args: argparse.Namespace) -> dict[str, Any]:
+    """L0 alone, in process, on held-out steps it has never seen: each scorer's time over
+    batches of 256 with the world model's text encoder fresh (no cached text), then the
+    same steps again (every text cached, for the MiniLM encoder)."""
+    from monitor.pipeline import load_screener
+    from monitor.scorers.worldmodel import WorldModelSignals
+    from worldmodel.encoders import text_encoder
+
+    screener = load_screener(args.policy, reviewer=False)
+    steps = load_held_out(args.data, "test_slack").steps[: args.l0_steps]
+    kinds = []
+    for s in screener.l0:
+        if isinstance(s, WorldModelSignals):
+            kinds.append(s.scorer.text_encoder_kind)
+            s.scorer.encoder = text_encoder(kinds[-1])  # no disk cache: cold
+    out: dict[str, Any] = {"steps": len(steps), "batch": 256, "text_encoder": kinds}
+    for phase in ("cold", "warm"):
+        per: dict[str, float] = {}
+        t0 = time.perf_counter()
+        for i in range(0, len(steps), 256):
+            batch = steps[i:i + 256]
+            for scorer in screener.l0:
+                t1 = time.perf_counter()
+                scorer.score_steps(batch)
+                name = type(scorer).__name__
+                per[name] = per.get(name, 0.0) + time.perf_counter() - t1
+        took = time.perf_counter() - t0
+        out[phase] = {"steps_per_s": round(len(steps) / took, 1),
+                      "seconds_per_scorer": {k: round(v, 3) for k, v in per.items()}}
+        print("l0", phase, json.dumps(out[phase]), flush=True)
+    return out
+
+
 def stream(args: argparse.Namespace) -> dict[str, Any]:
     from bench.pipeline_stream import run_stream_bench
 
@@ -209,7 +243,8 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--part", choices=["quality", "stream", "shift", "all"], default="all")
+    p.add_argument("--part", choices=["quality", "stream", "shift", "l0", "all"], default="all")
+    p.add_argument("--l0-steps", type=int, default=2048, help="l0: held-out steps timed")
     p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
     p.add_argument("--data", nargs="+", default=[str(vigil.paths.dataset("agentdojo"))])
     p.add_argument("--splits", nargs="+", default=["test_slack", "test_attacks"])
@@ -242,6 +277,9 @@ def main() -> None:
     if args.part in ("shift", "all"):
         result["shift"] = shift(args)
         result["shift"]["command"] = " ".join([sys.executable, *sys.argv])
+    if args.part in ("l0", "all"):
+        result["l0"] = l0_speed(args)
+        result["l0"]["command"] = " ".join([sys.executable, *sys.argv])
     if args.part in ("stream", "all"):
         result["stream"] = stream(args)
         result["stream"]["command"] = " ".join([sys.executable, *sys.argv])

@@ -71,7 +71,7 @@ def run_rate(screener: Any, bootstrap: str, datasets: list[str], rate: float, se
     # the two stages of a worker: each its own consumer group, thread and bus
     l0 = replace(screener, timings={})
     l1 = replace(screener, timings={})
-    stages = {"screen": ScreenStage(l0, topics, report=lambda _m: None),
+    stages: dict[str, Any] = {"screen": ScreenStage(l0, topics, report=lambda _m: None),
               "probe": ProbeStage(l1, topics, report=lambda _m: None)}
     handler_s = {name: 0.0 for name in stages}
     threads = []
@@ -85,7 +85,7 @@ def run_rate(screener: Any, bootstrap: str, datasets: list[str], rate: float, se
             finally:
                 handler_s[_name] += time.perf_counter() - t0
 
-        stage.handle_batch = timed  # type: ignore[method-assign]
+        stage.handle_batch = timed
         proc = stage.processor(KafkaBus(settings), f"bench-{tag}-{name}", batch_size=64)
         threads.append(threading.Thread(target=lambda p=proc: p.run(stop=stop), daemon=True))
     for t in threads:

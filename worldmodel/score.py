@@ -77,8 +77,10 @@ class WorldModelScorer:
         data_hash: dict[str, str] | None = None,
         relational: dict[str, Any] | None = None,
         mask_tools: bool = False,
+        text_encoder_kind: str = "minilm",
     ) -> None:
         self.model = model.eval()
+        self.text_encoder_kind = text_encoder_kind  # what the bundle was trained to read
         self.config: JEPAConfig = model.config
         self.calibration = calibration
         self.encoder = encoder
@@ -114,6 +116,7 @@ class WorldModelScorer:
             data_hash={d: v["hash"] for d, v in data.items()},
             relational=json.loads(rel_file.read_text()) if rel_file.exists() else None,
             mask_tools=bool(cfg.get("mask_tools", False)),
+            text_encoder_kind=str(cfg.get("text_encoder", "minilm")),
         )
 
     @torch.no_grad()
