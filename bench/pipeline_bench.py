@@ -210,10 +210,14 @@ def l0_speed(args: argparse.Namespace) -> dict[str, Any]:
     steps = load_held_out(args.data, "test_slack").steps[: args.l0_steps]
     kinds = []
     for s in screener.l0:
+        if isinstance(s, WorldModelSignals) and args.l0_worldmodel:
+            from worldmodel.score import WorldModelScorer  # speed only: its scores are not
+            s.scorer = WorldModelScorer.load(args.l0_worldmodel)  # what the policy calibrated
         if isinstance(s, WorldModelSignals):
             kinds.append(s.scorer.text_encoder_kind)
             s.scorer.encoder = text_encoder(kinds[-1])  # no disk cache: cold
-    out: dict[str, Any] = {"steps": len(steps), "batch": 256, "text_encoder": kinds}
+    out: dict[str, Any] = {"steps": len(steps), "batch": 256, "text_encoder": kinds,
+                           "worldmodel": args.l0_worldmodel or "the policy's"}
     for phase in ("cold", "warm"):
         per: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -245,6 +249,8 @@ def main() -> None:
     )
     p.add_argument("--part", choices=["quality", "stream", "shift", "l0", "all"], default="all")
     p.add_argument("--l0-steps", type=int, default=2048, help="l0: held-out steps timed")
+    p.add_argument("--l0-worldmodel", help="l0: time this world-model bundle in the policy's "
+                   "place (e.g. one trained with --text-encoder static)")
     p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
     p.add_argument("--data", nargs="+", default=[str(vigil.paths.dataset("agentdojo"))])
     p.add_argument("--splits", nargs="+", default=["test_slack", "test_attacks"])
@@ -278,8 +284,9 @@ def main() -> None:
         result["shift"] = shift(args)
         result["shift"]["command"] = " ".join([sys.executable, *sys.argv])
     if args.part in ("l0", "all"):
-        result["l0"] = l0_speed(args)
-        result["l0"]["command"] = " ".join([sys.executable, *sys.argv])
+        key = "l0_other_worldmodel" if args.l0_worldmodel else "l0"
+        result[key] = l0_speed(args)
+        result[key]["command"] = " ".join([sys.executable, *sys.argv])
     if args.part in ("stream", "all"):
         result["stream"] = stream(args)
         result["stream"]["command"] = " ".join([sys.executable, *sys.argv])
