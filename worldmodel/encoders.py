@@ -218,7 +218,7 @@ class StaticTextEncoder:
     runs, so it needs no cache: thousands of texts a second on one core."""
 
     def __init__(self, model_path: str | Path | None = None, *, max_tokens: int = 256,
-                 log: Callable[[str], None] | None = None, **_ignored: object) -> None:
+                 log: Callable[[str], None] | None = None) -> None:
         from model2vec import StaticModel
 
         path = Path(model_path) if model_path else distill_static(log=log)

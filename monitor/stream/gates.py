@@ -14,12 +14,14 @@ import time
 from typing import TYPE_CHECKING
 
 from monitor.stream.stats import Report
-from streams.bus import Bus
+from streams.bus import Bus, Message
 from streams.config import Topics
-from streams.processor import Output
-from streams.records import GateState, RecordError, decode
+from streams.processor import Output, Positions, StreamProcessor
+from streams.records import GateState, Record, RecordError, decode
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from monitor.adaptive import LiveGates
 
 
@@ -78,3 +80,25 @@ class GateSketches:
         rec = GateState(group=self.group, state=self.live.to_bytes().decode(), created_at=now)
         return [Output(self.topics.gates, rec, key=self.group,
                        idempotency_key=f"{self.group}/gates/{now:.3f}")]
+
+
+def stage_processor(
+    bus: Bus,
+    group_id: str,
+    inputs: dict[str, type[Record]],
+    *,
+    topics: Topics,
+    sketches: GateSketches | None,
+    handler: Callable[[list[tuple[Record, Message]]], list[Output]],
+    hold: Callable[[], Positions],
+    tick: Callable[[], list[Output]],
+    batch_size: int,
+) -> StreamProcessor:
+    """A screening stage's processor over ``inputs``; with live gates, the gates topic is one
+    of them (so the group's commits cover its saved sketches) and the sketches are resumed."""
+    if sketches is not None:
+        inputs = {**inputs, topics.gates: GateState}
+        sketches.restore(bus, group_id)
+    return StreamProcessor(bus, inputs, group_id, batch_handler=handler,
+                           deadletter_topic=topics.deadletter, batch_size=batch_size,
+                           hold=hold, tick=tick, ensure_topics=topics.all())

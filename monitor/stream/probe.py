@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dashboards.canary import is_canary
 from monitor.pipeline import StepVerdict
 from monitor.screening import ScreenStep
-from monitor.stream.gates import GateSketches
+from monitor.stream.gates import GateSketches, stage_processor
 from monitor.stream.history import fit_trajectory
 from monitor.stream.screen import ScreenedStep, StepHistories
 from monitor.stream.stats import Report, WorkerStats, clip01, finite, stderr
@@ -72,20 +72,9 @@ class ProbeStage:
 
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 64) -> StreamProcessor:
         inputs: dict[str, type[Record]] = {self.topics.steps_l0: L0Step}
-        if self.sketches is not None:
-            inputs[self.topics.gates] = GateState  # so the group's commits cover its sketches
-            self.sketches.restore(bus, group_id)
-        return StreamProcessor(
-            bus,
-            inputs,
-            group_id,
-            batch_handler=self.handle_batch,
-            deadletter_topic=self.topics.deadletter,
-            batch_size=batch_size,
-            hold=self.hold,
-            tick=self.tick,
-            ensure_topics=self.topics.all(),
-        )
+        return stage_processor(bus, group_id, inputs, topics=self.topics,
+                               sketches=self.sketches, handler=self.handle_batch,
+                               hold=self.hold, tick=self.tick, batch_size=batch_size)
 
     def tick(self) -> list[Output]:
         """Verdicts, marked incomplete, for open executions that went quiet."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 from dashboards.canary import canary_events, canary_of, is_canary
 from monitor.screening import ScreenStep, screen_step_of
-from monitor.stream.gates import GateSketches
+from monitor.stream.gates import GateSketches, stage_processor
 from monitor.stream.history import TrajectoryHistory
 from monitor.stream.stats import Report, WorkerStats, clip01, finite, stderr
 from monitor.stream.verdicts import RolloutVerdicts
@@ -138,20 +138,9 @@ class ScreenStage:
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 64) -> StreamProcessor:
         inputs: dict[str, type[Record]] = {self.topics.steps_rollout: StepEvent,
                                            self.topics.steps_deployment: StepEvent}
-        if self.sketches is not None:
-            inputs[self.topics.gates] = GateState  # so the group's commits cover its sketches
-            self.sketches.restore(bus, group_id)
-        return StreamProcessor(
-            bus,
-            inputs,
-            group_id,
-            batch_handler=self.handle_batch,
-            deadletter_topic=self.topics.deadletter,
-            batch_size=batch_size,
-            hold=self.hold,
-            tick=self.tick,
-            ensure_topics=self.topics.all(),
-        )
+        return stage_processor(bus, group_id, inputs, topics=self.topics,
+                               sketches=self.sketches, handler=self.handle_batch,
+                               hold=self.hold, tick=self.tick, batch_size=batch_size)
 
     def tick(self) -> list[Output]:
         self.open.close_quiet(time.time())  # quiet executions stop holding commits
