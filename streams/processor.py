@@ -196,6 +196,7 @@ class StreamProcessor:
         self._committed: dict[tuple[str, int], int] = {}
         self._unacked: list[_Pending] = []  # published since the last acknowledged flush
         self._delivering = True  # the last flush was acknowledged
+        self._broker_away = threading.Event()  # set by a broker watch while the broker is gone
 
     # --- publishing -----------------------------------------------------------------
 
@@ -347,6 +348,33 @@ class StreamProcessor:
                 return
             self._committed.update(positions)
 
+    def broker_lost(self) -> None:
+        """The broker stopped answering: consume nothing until :meth:`broker_back`."""
+        self._broker_away.set()
+
+    def broker_back(self) -> None:
+        """The broker answers again: join the group again from its committed offsets."""
+        self._broker_away.clear()
+
+    def _sit_out_outage(self, consumer: Consumer, stop: threading.Event | None) -> Consumer | None:
+        """Positions from before an outage may not hold on the broker that comes back: one
+        that restarted empty numbers its new records from 0 again, so a consumer that kept
+        its position would skip them. Drop the consumer, wait for the broker, and join again
+        from the committed offsets (none on an empty broker: from the earliest record). The
+        outputs still unacknowledged wait in memory and go out with the next delivery.
+        ``None`` when ``stop`` was set first."""
+        consumer.close()
+        self._seen = {}
+        self._committed = {}
+        while not (stop is not None and stop.is_set()):
+            if not self._broker_away.is_set():
+                try:
+                    return self.bus.consumer(list(self.models), self.group_id)
+                except Exception as e:  # noqa: BLE001 - the broker went away again
+                    log.warning("%s: joining again failed (%s); retrying", self.group_id, e)
+            time.sleep(0.5)
+        return None
+
     def run(
         self,
         *,
@@ -366,6 +394,7 @@ class StreamProcessor:
         the batch is redelivered from the last commit. When the broker does not
         acknowledge, :meth:`deliver` waits it out before anything is committed."""
         consumer = self.bus.consumer(list(self.models), self.group_id)
+        open_ = True
         backoff = retry_backoff_s
         last_input: float | None = None
         last_lag = 0.0
@@ -374,6 +403,13 @@ class StreamProcessor:
             while not (stop and stop.is_set()):
                 if max_messages is not None and self.stats.consumed >= max_messages:
                     break
+                if self._broker_away.is_set():
+                    back = self._sit_out_outage(consumer, stop)
+                    if back is None:
+                        open_ = False
+                        break
+                    consumer, last_input = back, None
+                    continue
                 limit = self.batch_size
                 if max_messages is not None:
                     limit = min(limit, max_messages - self.stats.consumed)
@@ -426,5 +462,6 @@ class StreamProcessor:
                 ):
                     break
         finally:
-            consumer.close()
+            if open_:
+                consumer.close()
         return self.stats

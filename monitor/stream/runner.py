@@ -95,6 +95,7 @@ class Worker:
         self._delivering: dict[str, str] = {}  # stage -> why its outputs wait (while they do)
         self._done: dict[str, threading.Event] = {r: threading.Event() for r in config.roles}
         self._dead_seen: dict[str, dict[str, int]] = {}
+        self._procs: dict[str, StreamProcessor] = {}  # running stages, told of broker outages
 
     def run(self) -> int:
         """Run every stage until stopped (or idle); 0 if all ended cleanly, 1 otherwise."""
@@ -157,6 +158,7 @@ class Worker:
         last_line = 0.0
         try:
             proc = self._stages[role](bus)
+            self._procs[role] = proc
 
             def on_batch(s: ProcessorStats) -> None:
                 nonlocal last_line
@@ -204,6 +206,11 @@ class Worker:
 
     def _on_broker(self, state: BrokerState) -> None:
         self.broker = state
+        for proc in list(self._procs.values()):  # positions may not hold on the broker that
+            if state.up:  # comes back: each stage joins its group again once it answers
+                proc.broker_back()
+            else:
+                proc.broker_lost()
         if state.up:
             self.report(f"vigil stream: the broker is back ({state.reason}); the stages resume")
         else:

@@ -108,7 +108,10 @@ def test_the_worker_alerts_waits_and_resumes_after_a_broker_outage(
         assert out.read_until(resumed, timeout=60), worker.log()[-3000:]
         assert len(want) == expect
         took = time.monotonic() - back
-        assert _health(port)[0] == 200, _health(port)
+        healthy = time.monotonic() + 30  # the L1 stage's held outputs may still be going out
+        while _health(port)[0] != 200:
+            assert time.monotonic() < healthy, (_health(port), worker.log()[-3000:])
+            time.sleep(0.5)
         assert "is back" in worker.log()
         assert worker.proc.poll() is None
         print(f"{storage}: alert within {10:.0f} s, resumed {took:.1f} s after the restart")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from monitor.demo import PagingServer, step_tiers
 from monitor.pipeline import load_review_screener
 from monitor.stream.paging import PagingClient
 from monitor.stream.review import ReviewStage
+from streams.broker import free_port
 from streams.bus import InMemoryBus, Message
 from streams.config import Topics
 from streams.kafka import KafkaBus
@@ -43,6 +45,19 @@ def _flagged_at_l0(out: Outputs, topics: Topics) -> set[str]:
     """``trajectory/step`` of every step L0 passed up to L1."""
     return {f"{r['trajectory_id']}/{r['step_id']}" for m in out.of(topics.scores)
             if (r := json.loads(m.value))["tier"] == 0 and r["flagged"]}
+
+
+def _probe_lag(port: int) -> float | None:
+    """The probe stage's ``vigil_consumer_lag`` summed over its partitions (``None`` before
+    the stage reports any)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    got = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+           if line.startswith("vigil_consumer_lag{") and 'stage="probe"' in line]
+    return sum(got) if got else None
 
 
 def _reviewed_all(out: Outputs, topics: Topics) -> bool:
@@ -150,13 +165,36 @@ def test_tier0_scores_do_not_wait_for_the_l1_stage(
     flagged = _flagged_at_l0(out, topics)
     assert flagged, "some steps must be passed up to L1"
 
-    probe = start_stream(topics, "--role", "probe", "--group", f"{unique}.w", name="l1")
+    # L1 starts behind the whole stream and takes it two steps a batch: its backlog shows
+    # as consumer lag on /metrics (what the lag alert reads) and drains to zero
+    port = free_port()
+    probe = start_stream(topics, "--role", "probe", "--group", f"{unique}.w", "--batch-size",
+                         "2", "--metrics-port", str(port), name="l1")
+    lags: list[float] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            lag = _probe_lag(port)
+            if lag is not None:
+                lags.append(lag)
+            sampling.wait(0.25)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
 
     def probed(o: Outputs) -> set[str]:
         return {k.rsplit("/", 1)[0] for k in o.keys(topics.scores, tier=1)}
 
     assert out.read_until(lambda o: probed(o) >= flagged, 150), probe.log()[-3000:]
     assert probed(out) == flagged, "L1 scores exactly what L0 passed up"
+    deadline = time.monotonic() + 20
+    while not (lags and lags[-1] == 0) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    sampling.set()
+    sampler.join(5)
+    assert lags and max(lags) >= min(10, len(labels) // 2), f"no backlog was visible: {lags}"
+    assert lags[-1] == 0, f"the lag did not drain: {lags[-10:]}"
     at = {(r["trajectory_id"], r["step_id"], r["tier"]): r["created_at"]
           for m in out.of(topics.scores) if (r := json.loads(m.value))}
     for k in flagged:
