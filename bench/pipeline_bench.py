@@ -235,6 +235,38 @@ def l0_speed(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def l1_speed(args: argparse.Namespace) -> dict[str, Any]:
+    """L1 alone, in process: the policy's probe on held-out steps it has never seen (no
+    activation cache), by batch size (steps sorted by length within a call, as
+    ``probes.capture.extract`` does), in the dtype the bundle was trained in; then with each
+    decoder block compiled (``torch.compile``)."""
+    from monitor.pipeline import load_screener
+    from monitor.scorers.probes import ProbeSignals
+    from probes.models import load_probe_model
+
+    screener = load_screener(args.policy, reviewer=False)
+    probe = next(s for s in screener.l1 if isinstance(s, ProbeSignals)).scorer
+    steps = [st.to_probe() for st in load_held_out(args.data, "test_slack").steps]
+    steps = steps[: args.l1_steps]
+    out: dict[str, Any] = {"steps": len(steps), "layer": probe.info.layer,
+                           "dtype": probe.info.dtype, "by_batch": {}}
+    probe.cache_dir = None
+    probe.score(steps[:32])  # load the model; the first call pays for lazy initialisation
+    for compiled in (False, True):
+        if compiled:
+            probe.model = load_probe_model(probe.model.path, dtype=probe.info.dtype,
+                                           compile=True)
+            probe.score(steps[:64])  # compile once (dynamic shapes)
+        for bs in args.l1_batches:
+            probe.batch_size = bs
+            t0 = time.perf_counter()
+            probe.score(steps)
+            rate = round(len(steps) / (time.perf_counter() - t0), 1)
+            out["by_batch"][f"{bs}{' compiled' if compiled else ''}"] = rate
+            print("l1", "compiled" if compiled else "eager", bs, rate, "steps/s", flush=True)
+    return out
+
+
 def stream(args: argparse.Namespace) -> dict[str, Any]:
     from bench.pipeline_stream import run_stream_bench
 
@@ -247,10 +279,14 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--part", choices=["quality", "stream", "shift", "l0", "all"], default="all")
+    p.add_argument("--part", default="all", choices=[
+        "quality", "stream", "shift", "l0", "l1", "live", "soak", "all"])
     p.add_argument("--l0-steps", type=int, default=2048, help="l0: held-out steps timed")
     p.add_argument("--l0-worldmodel", help="l0: time this world-model bundle in the policy's "
                    "place (e.g. one trained with --text-encoder static)")
+    p.add_argument("--l1-steps", type=int, default=1024, help="l1: held-out steps timed")
+    p.add_argument("--l1-batches", nargs="+", type=int, default=[8, 16, 32, 64],
+                   help="l1: batch sizes timed")
     p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
     p.add_argument("--data", nargs="+", default=[str(vigil.paths.dataset("agentdojo"))])
     p.add_argument("--splits", nargs="+", default=["test_slack", "test_attacks"])
@@ -264,6 +300,11 @@ def main() -> None:
                    help="shift: the share of harmful steps kept in the stream (rare harm)")
     p.add_argument("--adapt-window", type=int, default=2000,
                    help="shift: the live gates' window of scores")
+    p.add_argument("--live-rate", type=float, default=100.0,
+                   help="live/soak: offered steps/s to the worker process")
+    p.add_argument("--live-per-phase", type=int, default=3000,
+                   help="live: steps of each phase (training suites, then test_slack)")
+    p.add_argument("--soak-seconds", type=float, default=600.0, help="soak: how long to offer")
     args = p.parse_args()
     path = RESULTS / "pipeline.json"
     result: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
@@ -287,9 +328,29 @@ def main() -> None:
         key = "l0_other_worldmodel" if args.l0_worldmodel else "l0"
         result[key] = l0_speed(args)
         result[key]["command"] = " ".join([sys.executable, *sys.argv])
+    if args.part in ("live", "all"):
+        from bench.pipeline_live import run_live_bench
+
+        result["live"] = run_live_bench(args.policy, args.data, args.live_rate,
+                                        args.live_per_phase, args.adapt_window)
+        result["live"]["command"] = " ".join([sys.executable, *sys.argv])
+    if args.part == "soak":  # ten minutes: not part of "all"
+        from bench.pipeline_live import run_soak
+
+        result["soak"] = run_soak(args.policy, args.data, args.live_rate, args.soak_seconds,
+                                  args.adapt_window)
+        result["soak"]["command"] = " ".join([sys.executable, *sys.argv])
+    if args.part in ("l1", "all"):
+        result["l1"] = l1_speed(args)
+        result["l1"]["command"] = " ".join([sys.executable, *sys.argv])
     if args.part in ("stream", "all"):
-        result["stream"] = stream(args)
-        result["stream"]["command"] = " ".join([sys.executable, *sys.argv])
+        new = stream(args)
+        command = " ".join([sys.executable, *sys.argv])
+        rates = {r["offered_steps_per_s"]: r for r in result.get("stream", {}).get("rates", [])}
+        rates.update({r["offered_steps_per_s"]: {**r, "command": command} for r in new["rates"]})
+        new["rates"] = [rates[k] for k in sorted(rates)]  # rates not run again are kept
+        result["stream"] = new
+        result["stream"]["command"] = command
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, sort_keys=True, default=float) + "\n")
     print(f"wrote {path}")

@@ -17,7 +17,9 @@ worker (``monitor stream --metrics-port``)
     vigil_deadletters_total{stage, reason}          records sent to the dead-letter topic
     vigil_consumer_lag{stage, topic, partition}     records behind the high-water mark
     vigil_gate_budget{gate}                         share of all steps a gate may pass on
-    vigil_gate_threshold{gate, kind}                calibrated and live (--adapt) thresholds
+    vigil_gate_threshold{gate, kind}                calibrated and live (--adapt) thresholds, and
+                                                    the ceiling the canaries' recall floor puts
+                                                    on the live one (NaN before 50 canaries)
     vigil_rollout_verdicts_total{quarantine}        per-execution verdicts for trainers
     vigil_pages_triggered_total{result}             trigger events sent (opened | deduplicated)
     vigil_canaries_injected_total{stream}           canary steps injected into a live stream
@@ -44,9 +46,15 @@ RL health (``monitor rlhealth``): the ``vigil_rl_*`` metrics of ``monitor.rlheal
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+def finite(x: float) -> float:
+    """``x``, or NaN where it is infinite (a gauge panel's scale ignores NaN, not +Inf)."""
+    return x if math.isfinite(x) else math.nan
 
 STREAMS = ("rollout", "deployment", "benchmark")
 TIERS = (0, 1, 2, 3)
@@ -96,7 +104,8 @@ class WorkerMetrics:
                                  "out of a tier may pass on (the next tier's budget)", ["gate"],
                                  registry=r)
         self.gate_threshold = Gauge("vigil_gate_threshold", "A gate's threshold: calibrated, "
-                                    "and live where the screen stage adapts it (--adapt)",
+                                    "and live where the stage adapts it (--adapt), with the "
+                                    "ceiling the canaries' recall floor puts on it",
                                     ["gate", "kind"], registry=r)
         self.verdicts = Counter("vigil_rollout_verdicts", "Per-execution rollout verdicts",
                                 ["quarantine"], registry=r)

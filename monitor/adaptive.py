@@ -204,7 +204,8 @@ class LiveGates:
         out = []
         for g in self.gates:
             t = g.threshold()
-            out.append({"calibrated": g.calibrated, "threshold": t, "target_share": g.share,
+            out.append({"calibrated": g.calibrated, "threshold": t, "ceiling": g.ceiling(),
+                        "target_share": g.share,
                         "window_share": g.scores.share_at_least(t), "seen": g.scores.n,
                         "canaries_seen": g.canaries.n})
         return out

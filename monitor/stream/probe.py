@@ -167,9 +167,12 @@ class ProbeStage:
         m = self.metrics
         assert m is not None
         if self.screener.live is not None:
-            for k, t in enumerate(self.screener.live.thresholds()):
+            from dashboards.metrics import finite
+
+            for k, g in enumerate(self.screener.live.gates):
                 if k:
-                    m.gate_threshold.labels(gate=f"L{k}", kind="live").set(t)
+                    m.gate_threshold.labels(gate=f"L{k}", kind="live").set(g.threshold())
+                    m.gate_threshold.labels(gate=f"L{k}", kind="ceiling").set(finite(g.ceiling()))
         now_ms = time.time() * 1000
         for (r, _), v, c in zip(got, verdicts, canary, strict=True):
             flag = "true" if c else "false"

@@ -256,7 +256,11 @@ class ScreenStage:
         m = self.metrics
         assert m is not None
         if self.screener.live is not None:
-            m.gate_threshold.labels(gate="L0", kind="live").set(self.screener.live.thresholds()[0])
+            from dashboards.metrics import finite
+
+            g = self.screener.live.gates[0]
+            m.gate_threshold.labels(gate="L0", kind="live").set(g.threshold())
+            m.gate_threshold.labels(gate="L0", kind="ceiling").set(finite(g.ceiling()))
         now_ms = time.time() * 1000
         for (e, msg), c in zip(events, canary, strict=True):
             m.steps.labels(stream=e.source, tier="0", canary="true" if c else "false").inc()
