@@ -47,7 +47,6 @@ class WindowSketch:
         self.k = k
         self._old = self._new()
         self._cur = self._new()
-        self._merged_cache: Any = None  # the window as one sketch, until the next update
 
     def _new(self) -> Any:
         from datasketches import kll_doubles_sketch
@@ -66,28 +65,63 @@ class WindowSketch:
             self._cur.update(float(v))
             if self._cur.n >= half:
                 self._old, self._cur = self._cur, self._new()
-        self._merged_cache = None
 
-    def _merged(self) -> Any:
-        if self._merged_cache is None:
-            m = self._new()
-            for s in (self._old, self._cur):
-                if not s.is_empty():
-                    m.merge(s)
-            self._merged_cache = m
-        return self._merged_cache
+    def _parts(self) -> list[Any]:
+        return [s for s in (self._old, self._cur) if not s.is_empty()]
+
+    def _rank(self, x: float, *, inclusive: bool) -> float:
+        """The window's share below ``x`` (with ``inclusive``: at or below), from the two
+        sketches' ranks weighted by their counts. Exact arithmetic on what they retained: no
+        merged sketch, whose random compaction would make a restored window answer
+        differently from the one saved."""
+        parts = self._parts()
+        n = sum(s.n for s in parts)
+        return sum(s.n * s.get_rank(x, inclusive=inclusive) for s in parts) / n
+
+    def _bisect(self, lo: float, hi: float, keep_low: Any) -> tuple[float, float]:
+        """Narrow ``[lo, hi]`` to adjacent floats with ``keep_low(lo)`` true and
+        ``keep_low(hi)`` false (the caller checked both ends)."""
+        for _ in range(80):
+            mid = lo + (hi - lo) / 2
+            if mid in (lo, hi):
+                break
+            if keep_low(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo, hi
 
     def quantile(self, q: float) -> float:
-        """The value with a share ``q`` of the window below it (NaN when empty)."""
-        m = self._merged()
-        return float("nan") if m.is_empty() else float(m.get_quantile(min(max(q, 0.0), 1.0)))
+        """The smallest value with a share of at least ``q`` of the window at or below it (NaN
+        when empty)."""
+        parts = self._parts()
+        if not parts:
+            return float("nan")
+        q = min(max(q, 0.0), 1.0)
+        lo = min(float(s.get_min_value()) for s in parts)
+        hi = max(float(s.get_max_value()) for s in parts)
+        if self._rank(lo, inclusive=True) >= q:
+            return lo
+        return self._bisect(lo, hi, lambda x: self._rank(x, inclusive=True) < q)[1]
 
     def share_at_least(self, x: float) -> float:
         """The share of the window scoring ``>= x`` (NaN when empty)."""
-        m = self._merged()
-        if m.is_empty():
+        if not self._parts():
             return float("nan")
-        return float(1.0 - m.get_rank(x, inclusive=False))
+        return float(1.0 - self._rank(x, inclusive=False))
+
+    def highest_keeping(self, share: float, low: float) -> float:
+        """The highest ``x >= low`` with :meth:`share_at_least` ``(x) >= share`` (``low`` when
+        none is): where a threshold can rise to before the share scoring at least it falls
+        below ``share``. With the window's values discrete that is one of them (the lowest
+        one still kept), which a quantile query can miss by its rank error."""
+        parts = self._parts()
+        if not parts or self.share_at_least(low) < share:
+            return low
+        hi = max(float(s.get_max_value()) for s in parts)
+        if self.share_at_least(hi) >= share:
+            return hi
+        return self._bisect(low, hi, lambda x: self.share_at_least(x) >= share)[0]
 
     def to_dict(self) -> dict[str, Any]:
         return {"window": self.window, "k": self.k,
@@ -132,8 +166,8 @@ class LiveGate:
         promised = self.canaries.share_at_least(self.calibrated)
         if promised <= 0.0:
             return math.inf  # the calibrated threshold catches no canary: nothing to keep
-        # the largest t with share(score >= t) >= promised: the (1 - promised) quantile
-        return max(self.calibrated, self.canaries.quantile(1.0 - promised))
+        # the largest t with share(score >= t) >= promised: the lowest canary still caught
+        return self.canaries.highest_keeping(promised, self.calibrated)
 
 
 class LiveGates:

@@ -52,7 +52,9 @@ def test_the_threshold_never_rises_past_the_canaries_recall_floor() -> None:
     assert t < np.quantile(rng.beta(8, 2, 10_000), 0.8)  # the floor, not the budget, won
     recall = float((canaries >= t).mean())
     assert recall >= 0.9 - KLL_RANK_ERROR, (t, recall)
-    assert t >= g.calibrated  # moving up to the floor is allowed
+    # ... and it does rise to the floor: up to the lowest canary still caught (0.55), past
+    # the calibrated 0.5, where no caught canary scores
+    assert t >= canaries[canaries >= g.calibrated].min() - 1e-9, t
 
 
 def test_the_window_forgets_old_scores() -> None:
