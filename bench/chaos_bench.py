@@ -124,8 +124,10 @@ def prepare_models(policy: str | None, data: str | None) -> Models:
         say(f"building the small AgentDojo set -> {dataset} (banking + slack, once)")
         build_agentdojo(dataset, suites=["banking", "slack"], attacks=["important_instructions"],
                         max_user_tasks=6, max_injection_tasks=3, progress=False)
+    from monitor.crossfit import bundle_built
+
     wm = CACHE / "worldmodel"
-    if not (wm / "model.pt").exists():
+    if not bundle_built(wm, "worldmodel"):
         from worldmodel.model import JEPAConfig
         from worldmodel.train import TrainConfig, train
 
@@ -135,7 +137,7 @@ def prepare_models(policy: str | None, data: str | None) -> Models:
         train(TrainConfig(data=[str(dataset)], out=str(wm), epochs=4, batch_size=32,
                           text_cache=str(CACHE / "textcache"), model=small), log=lambda _: None)
     probes = CACHE / "probes"
-    if not (probes / "bundle.json").exists():
+    if not bundle_built(probes, "probes"):
         from probes.models import load_probe_model
         from probes.pipeline import train_probe
 

@@ -29,7 +29,6 @@ from typing import Any
 Log = Callable[[str], None]
 
 BUNDLES = ("worldmodel", "provenance", "probes")
-_MARKER = {"worldmodel": "model.pt", "provenance": "provenance.json", "probes": "bundle.json"}
 
 
 def _stderr(msg: str) -> None:
@@ -41,8 +40,15 @@ def fold_dir(root: str | Path, domain: str) -> Path:
     return Path(root) / domain.replace("/", "-")
 
 
-def _built(folder: Path, bundle: str) -> bool:
-    return (folder / _MARKER[bundle]).exists()
+def bundle_built(folder: Path, bundle: str) -> bool:
+    """Whether ``folder`` holds a ``bundle`` (one of :data:`BUNDLES`) in its current format; a
+    bundle from before the pickle-free formats does not count, so it is trained again."""
+    from probes.bundle import ARRAYS_FILE
+    from worldmodel.provenance import BUNDLE_FILE
+    from worldmodel.score import WEIGHTS_FILE
+
+    marker = {"worldmodel": WEIGHTS_FILE, "provenance": BUNDLE_FILE, "probes": ARRAYS_FILE}
+    return (folder / marker[bundle]).exists()
 
 
 def domains_of(datasets: Sequence[str | Path], splits: Sequence[str] = ("train", "val")
@@ -77,7 +83,7 @@ def fold_models(spec: FoldSpec, domains: Sequence[str], root: str | Path
     for d in domains:
         folder = fold_dir(root, d)
         out[d] = {
-            name: str(folder / name) if _built(folder / name, name) else str(full)
+            name: str(folder / name) if bundle_built(folder / name, name) else str(full)
             for name, full in spec.models.items()
         }
     return out
@@ -106,7 +112,7 @@ def train_folds(
     probe_model: list[Any] = []  # loaded once, on first need
     todo = [(d, name) for d in domains for name in BUNDLES
             if name in spec.models and d in held[name]
-            and not _built(fold_dir(root, d) / name, name)]
+            and not bundle_built(fold_dir(root, d) / name, name)]
     if todo:
         log(f"cross-fit: training {len(todo)} fold models for {len(domains)} domains under "
             f"{root} (each leaves its domain out)")

@@ -128,14 +128,14 @@ def prepare_defaults(
     # labels) and ToolEmu (trajectory labels, by multiple-instance learning)
     datasets = [str(paths[n]) for n in ("agentdojo", "toolemu", "miniwob")
                 if (paths[n] / "manifest.json").exists()]
+    from monitor.crossfit import BUNDLES, bundle_built
+
     folds_root = vigil.paths.models_dir() / "folds"
-    if not all((paths[n] / f).exists() for n, f in (
-            ("worldmodel", "model.pt"), ("provenance", "provenance.json"),
-            ("probes", "bundle.json"))):
+    if not all(bundle_built(paths[n], n) for n in BUNDLES):
         import shutil
 
         shutil.rmtree(folds_root, ignore_errors=True)  # folds of models about to be replaced
-    if not (paths["worldmodel"] / "model.pt").exists():
+    if not bundle_built(paths["worldmodel"], "worldmodel"):
         from worldmodel.train import TrainConfig, train
 
         log(f"vigil: training the world model on {', '.join(datasets)} -> {paths['worldmodel']}")
@@ -148,9 +148,9 @@ def prepare_defaults(
             ),
             log=log,
         )
-    if not (paths["provenance"] / "provenance.json").exists():
+    if not bundle_built(paths["provenance"], "provenance"):
         train_default_provenance(paths["agentdojo"], paths["provenance"], log=log)
-    if not (paths["probes"] / "bundle.json").exists():
+    if not bundle_built(paths["probes"], "probes"):
         from probes.models import load_probe_model
         from probes.pipeline import train_probe
 

@@ -4,8 +4,14 @@ A bundle is a folder::
 
     BUNDLE/
       bundle.json        layer, pooling, template, model id and hash, threshold, metrics, sweep
-      probe.joblib       the fitted probe (a scikit-learn estimator)
-      baseline.joblib    the difference-of-means baseline on the same layer (optional)
+      probe.json         per estimator (``probe``, and ``baseline`` when there is one): its
+                         class, hyper-parameters, classes and scalars
+      probe.safetensors  the estimators' learned arrays, named ``<probe|baseline>.<name>``
+
+``probe`` is the fitted probe, ``baseline`` the difference-of-means baseline on the same
+layer. Bundles travel between machines, so nothing in one can run code when it is loaded:
+JSON and safetensors only. A folder from before version 2 (pickled ``probe.joblib``) is
+refused, never unpickled: retrain it with ``monitor probes train``.
 
 The score of a step is the probe's probability of harm; ``threshold`` (set on
 benign validation steps at ``target_fpr``) turns it into a flag.
@@ -26,11 +32,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from probes.capture import ActivationSource, ExtractStats, ProbeStep, Template, extract
+from probes.estimators import DiffMeansProbe, LogisticProbe
 from probes.models import load_probe_model
 
-BUNDLE_VERSION = 1
+BUNDLE_VERSION = 2
+ESTIMATORS_FILE = "probe.json"
+ARRAYS_FILE = "probe.safetensors"
+# what a bundle may name as an estimator: nothing else is ever built from one
+ESTIMATORS: dict[str, type[LogisticProbe] | type[DiffMeansProbe]] = {
+    c.__name__: c for c in (LogisticProbe, DiffMeansProbe)
+}
+_PICKLED = ("probe.joblib", "baseline.joblib")  # the version-1 files
 
 
 @dataclass
@@ -54,29 +69,56 @@ class BundleInfo:
 
 
 def save_bundle(out: str | Path, info: BundleInfo, probe: Any, baseline: Any | None = None) -> Path:
-    import joblib
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    joblib.dump(probe, out / "probe.joblib")
-    if baseline is not None:
-        joblib.dump(baseline, out / "baseline.joblib")
+    values: dict[str, Any] = {}
+    arrays: dict[str, np.ndarray] = {}
+    for role, est in (("probe", probe), ("baseline", baseline)):
+        if est is None:
+            continue
+        if ESTIMATORS.get(type(est).__name__) is not type(est):
+            raise TypeError(
+                f"{role}: a bundle holds one of {sorted(ESTIMATORS)}, not {type(est).__name__}"
+            )
+        v, a = est.to_arrays()
+        values[role] = {"estimator": type(est).__name__, **v}
+        arrays.update({f"{role}.{k}": np.ascontiguousarray(x) for k, x in a.items()})
+    save_file(arrays, str(out / ARRAYS_FILE))
+    (out / ESTIMATORS_FILE).write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+    for name in _PICKLED:  # a retrained version-1 folder keeps no pickle
+        (out / name).unlink(missing_ok=True)
     (out / "bundle.json").write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
     return out
 
 
 def load_bundle(path: str | Path) -> tuple[BundleInfo, Any, Any | None]:
-    import joblib
-
+    """The bundle's info, probe and baseline (``None`` when it has none)."""
     path = Path(path)
     if not (path / "bundle.json").exists():
         raise FileNotFoundError(
             f"{path}: not a probe bundle (no bundle.json); train one with `monitor probes train`"
         )
+    if not (path / ARRAYS_FILE).exists():
+        if (path / _PICKLED[0]).exists():
+            raise ValueError(
+                f"{path / _PICKLED[0]}: a pickled probe from before bundle version "
+                f"{BUNDLE_VERSION}, which is never loaded (unpickling can run code); retrain "
+                "the bundle with `monitor probes train`"
+            )
+        raise FileNotFoundError(
+            f"{path}: not a probe bundle (no {ARRAYS_FILE}); train one with `monitor probes train`"
+        )
     info = BundleInfo(**json.loads((path / "bundle.json").read_text()))
-    probe = joblib.load(path / "probe.joblib")
-    base = path / "baseline.joblib"
-    return info, probe, joblib.load(base) if base.exists() else None
+    values = json.loads((path / ESTIMATORS_FILE).read_text())
+    arrays = load_file(str(path / ARRAYS_FILE))
+    ests: dict[str, Any] = {}
+    for role, v in values.items():
+        if v["estimator"] not in ESTIMATORS:
+            raise ValueError(f"{path / ESTIMATORS_FILE}: unknown estimator {v['estimator']!r}")
+        prefix = f"{role}."
+        mine = {k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)}
+        ests[role] = ESTIMATORS[v["estimator"]].from_arrays(v, mine)
+    return info, ests["probe"], ests.get("baseline")
 
 
 class ProbeScorer:

@@ -7,11 +7,16 @@
   class means (harmful − benign), optionally over standardised features; the
   projection is turned into a probability by a one-feature logistic fit
   (Platt scaling) on the training data.
+
+A fitted probe travels as plain data, never a pickle: ``to_arrays()`` gives its
+hyper-parameters and scalars (JSON-ready) and its learned arrays (what a bundle keeps in
+safetensors); ``from_arrays`` rebuilds a probe that scores bit for bit as the fitted one.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Self
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -43,6 +48,25 @@ class _BinaryProbe(ClassifierMixin, BaseEstimator):
         self.classes_ = unique_labels(y)
         if len(self.classes_) != 2:
             raise ValueError(f"a probe needs two classes, got {list(self.classes_)}")
+
+    def to_arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The fitted probe as JSON-ready values (hyper-parameters, classes, scalars) and
+        named arrays; :meth:`from_arrays` turns them back into the same probe."""
+        check_is_fitted(self)
+        values = {
+            "params": self.get_params(),
+            "classes": self.classes_.tolist(),
+            "n_features_in": int(self.n_features_in_),
+        }
+        return values, {}
+
+    @classmethod
+    def from_arrays(cls, values: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Self:
+        """A fitted probe from what :meth:`to_arrays` gave (read back from JSON and safetensors)."""
+        est = cls(**values["params"])
+        est.classes_ = np.asarray(values["classes"])
+        est.n_features_in_ = int(values["n_features_in"])
+        return est
 
 
 class LogisticProbe(_BinaryProbe):
@@ -77,6 +101,50 @@ class LogisticProbe(_BinaryProbe):
         X = validate_data(self, X, reset=False, dtype=np.float64)
         return np.asarray(self.lr_.decision_function(self.scaler_.transform(X)))
 
+    def to_arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        values, _ = super().to_arrays()
+        if isinstance(self.class_weight, dict):  # JSON keys are strings: keep the pairs
+            values["params"]["class_weight"] = [
+                [np.asarray(k).item(), float(w)] for k, w in self.class_weight.items()
+            ]
+        values["intercept"] = self.intercept_
+        values["n_samples_seen"] = np.asarray(self.scaler_.n_samples_seen_).tolist()
+        arrays = {
+            "coef": self.coef_,
+            "scaler.mean": self.scaler_.mean_,
+            "scaler.var": self.scaler_.var_,
+            "scaler.scale": self.scaler_.scale_,
+            "lr.coef": self.lr_.coef_,
+            "lr.intercept": self.lr_.intercept_,
+            "lr.n_iter": self.lr_.n_iter_,
+        }
+        return values, arrays
+
+    @classmethod
+    def from_arrays(cls, values: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Self:
+        params = dict(values["params"])
+        if isinstance(params.get("class_weight"), list):
+            params["class_weight"] = {k: w for k, w in params["class_weight"]}
+        est = super().from_arrays({**values, "params": params}, arrays)
+        est.coef_ = np.asarray(arrays["coef"])
+        est.intercept_ = float(values["intercept"])
+        scaler = StandardScaler()
+        scaler.n_features_in_ = est.n_features_in_
+        scaler.n_samples_seen_ = np.asarray(values["n_samples_seen"])
+        scaler.mean_ = np.asarray(arrays["scaler.mean"])
+        scaler.var_ = np.asarray(arrays["scaler.var"])
+        scaler.scale_ = np.asarray(arrays["scaler.scale"])
+        lr = LogisticRegression(
+            C=est.C, max_iter=est.max_iter, class_weight=est.class_weight, tol=est.tol
+        )
+        lr.n_features_in_ = est.n_features_in_
+        lr.classes_ = est.classes_
+        lr.coef_ = np.asarray(arrays["lr.coef"])
+        lr.intercept_ = np.asarray(arrays["lr.intercept"])
+        lr.n_iter_ = np.asarray(arrays["lr.n_iter"])
+        est.scaler_, est.lr_ = scaler, lr
+        return est
+
 
 class DiffMeansProbe(_BinaryProbe):
     """Difference-of-means direction, Platt-scaled into a probability."""
@@ -103,3 +171,17 @@ class DiffMeansProbe(_BinaryProbe):
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float64)
         return np.asarray(self.a_ * (((X - self.mean_) / self.scale_) @ self.direction_) + self.b_)
+
+    def to_arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        values, _ = super().to_arrays()
+        values.update(a=self.a_, b=self.b_)
+        return values, {"mean": self.mean_, "scale": self.scale_, "direction": self.direction_}
+
+    @classmethod
+    def from_arrays(cls, values: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Self:
+        est = super().from_arrays(values, arrays)
+        est.mean_ = np.asarray(arrays["mean"])
+        est.scale_ = np.asarray(arrays["scale"])
+        est.direction_ = np.asarray(arrays["direction"])
+        est.a_, est.b_ = float(values["a"]), float(values["b"])
+        return est

@@ -8,6 +8,10 @@ known; after, ``surprise`` and ``harm_post`` too. Texts are encoded through
 the cached encoder, so repeated observations cost nothing. Actions are read as the
 bundle was trained to read them: with tool names and argument keys masked where its
 ``config.json`` says ``mask_tools`` (a bundle from before the option: unmasked).
+
+The weights are ``model.safetensors``: a bundle travels between machines, so nothing in it
+can run code when loaded. A bundle from before (pickled ``model.pt``) is refused: retrain it
+with ``monitor worldmodel train``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from worldmodel.calibration import Calibration
 from worldmodel.encoders import TextEncoding, text_encoder
@@ -27,7 +32,9 @@ from worldmodel.features import StepInput, make_batch, tabulate
 from worldmodel.model import JEPA, JEPAConfig
 from worldmodel.relational import InjectionDetector, RelationalHarm, relational_features
 
-BUNDLE_FILES = ("model.pt", "config.json", "calibration.json", "data.json")
+WEIGHTS_FILE = "model.safetensors"
+BUNDLE_FILES = (WEIGHTS_FILE, "config.json", "calibration.json", "data.json")
+_PICKLED_WEIGHTS = "model.pt"  # what bundles held before safetensors
 
 
 @dataclass(frozen=True)
@@ -57,12 +64,31 @@ class WorldModelScore:
 
 
 def check_bundle(path: Path) -> None:
+    if not (path / WEIGHTS_FILE).exists() and (path / _PICKLED_WEIGHTS).exists():
+        raise ValueError(
+            f"{path / _PICKLED_WEIGHTS}: pickled weights from before the safetensors bundle "
+            "format, which are never loaded (unpickling can run code); retrain the bundle with "
+            "`monitor worldmodel train`"
+        )
     missing = [f for f in BUNDLE_FILES if not (path / f).exists()]
     if missing:
         raise FileNotFoundError(
             f"{path}: not a world-model bundle (missing {', '.join(missing)}); "
             "train one with `monitor worldmodel train`"
         )
+
+
+def save_weights(model: JEPA, out: Path) -> Path:
+    """Write ``model``'s weights into the bundle folder ``out`` (and drop a stale ``model.pt``)."""
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / WEIGHTS_FILE))
+    (out / _PICKLED_WEIGHTS).unlink(missing_ok=True)
+    return out / WEIGHTS_FILE
+
+
+def load_weights(model: JEPA, path: Path) -> JEPA:
+    """``model`` with the weights of the bundle at ``path`` (every one of them, exactly)."""
+    model.load_state_dict(load_file(str(path / WEIGHTS_FILE), device="cpu"), strict=True)
+    return model
 
 
 class WorldModelScorer:
@@ -101,9 +127,7 @@ class WorldModelScorer:
         path = Path(path).expanduser()
         check_bundle(path)
         cfg = json.loads((path / "config.json").read_text())
-        config = JEPAConfig.from_dict(cfg["model"])
-        model = JEPA(config)
-        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
+        model = load_weights(JEPA(JEPAConfig.from_dict(cfg["model"])), path)
         calibration = Calibration.from_dict(json.loads((path / "calibration.json").read_text()))
         data = json.loads((path / "data.json").read_text())
         rel_file = path / "relational.json"

@@ -12,7 +12,7 @@ scorer applies it. Rows labelled only as part of their trajectory
 learning (``mil``): a batch holds such a trajectory whole, and the harm loss, the relational
 harm head and the harm calibration pool its steps (noisy-OR) against its label.
 
-A bundle is a folder: ``model.pt`` (weights), ``config.json`` (model and
+A bundle is a folder: ``model.safetensors`` (weights), ``config.json`` (model and
 training config), ``calibration.json``, ``data.json`` (the datasets' manifest
 hashes and counts) and ``metrics.json`` (per-epoch progress and the final
 validation figures).
@@ -38,6 +38,7 @@ from worldmodel.features import Tables, make_batch, step_input, tabulate
 from worldmodel.mil import MILLogisticRegression, bag_scores
 from worldmodel.model import JEPA, JEPAConfig, ema_update, momentum_at
 from worldmodel.relational import InjectionDetector, RelationalHarm, relational_features
+from worldmodel.score import save_weights
 
 FIT_SPLITS = ("train", "val")
 
@@ -543,7 +544,7 @@ def save_bundle(
     metrics: dict[str, Any],
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), out / "model.pt")
+    save_weights(model, out)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
     (out / "calibration.json").write_text(json.dumps(calibration.to_dict(), sort_keys=True))
     data = {

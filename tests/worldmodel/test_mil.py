@@ -26,7 +26,7 @@ from worldmodel.encoders import TextEncoder, text_key
 from worldmodel.features import StepInput, mask_action, mask_tool, tabulate
 from worldmodel.mil import MILLogisticRegression, bag_loss, harm_loss
 from worldmodel.model import JEPA, JEPAConfig
-from worldmodel.score import WorldModelScorer
+from worldmodel.score import WorldModelScorer, load_weights
 from worldmodel.train import TrainConfig, load_rows, predict, prepare, train
 
 SMALL = JEPAConfig(
@@ -108,8 +108,7 @@ def test_mil_training_lowers_the_held_out_trajectory_loss(
     prep = prepare(rows, bases, TextEncoder(cache_dir=text_cache), config, mask_tools=True)
     held = np.arange(len(rows))
     assert (prep.bags >= 0).all() and len(np.unique(prep.bags)) > 20
-    trained = JEPA(config)
-    trained.load_state_dict(torch.load(bundle / "model.pt", weights_only=True))
+    trained = load_weights(JEPA(config), bundle)
     torch.manual_seed(0)
     initial = JEPA(config)
     for head in ("harm_pre", "harm_post"):
@@ -215,8 +214,7 @@ def test_two_actions_differing_only_in_tool_reach_the_harm_heads_as_the_same_inp
     assert mask_action(a) == mask_action(b)
     assert "1100" in mask_action(a) and "GB29NWBK60161331926819" in mask_action(a)
     config = JEPAConfig.from_dict(json.loads((bundle / "config.json").read_text())["model"])
-    model = JEPA(config)
-    model.load_state_dict(torch.load(bundle / "model.pt", weights_only=True))
+    model = load_weights(JEPA(config), bundle)
     encoder = TextEncoder()
     for masked in (True, False):
         tables = tabulate([_step(a), _step(b)], encoder, config, mask_tools=masked)

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from worldmodel.datasets.format import read_transitions
 from worldmodel.features import step_input
-from worldmodel.model import JEPAConfig
-from worldmodel.score import WorldModelScorer
+from worldmodel.model import JEPA, JEPAConfig
+from worldmodel.score import WorldModelScorer, save_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = JEPAConfig(
@@ -32,8 +37,11 @@ def bundle(tiny_worldmodel_bundle: Path) -> Path:
 
 
 def test_training_writes_a_complete_bundle_without_collapse(bundle: Path, data: Path) -> None:
-    for name in ("model.pt", "config.json", "calibration.json", "data.json", "metrics.json"):
+    for name in ("model.safetensors", "config.json", "calibration.json", "data.json",
+                 "metrics.json"):
         assert (bundle / name).exists(), name
+    # a bundle travels: nothing in it may run code when loaded
+    assert not [f.name for f in bundle.iterdir() if f.suffix in {".pt", ".pkl", ".joblib", ".bin"}]
     metrics = json.loads((bundle / "metrics.json").read_text())
     assert len(metrics["history"]) == 4
     first, last = metrics["history"][0], metrics["history"][-1]
@@ -63,6 +71,45 @@ def test_bundle_round_trip_gives_identical_scores(bundle: Path, data: Path) -> N
     assert a == b
     assert all(0.0 <= s.harm_pre <= 1.0 and s.surprise is not None for s in a)
     assert all(s.relational_harm is not None and s.injection is not None for s in a)
+
+
+def test_weights_written_to_a_bundle_score_as_the_model_in_memory(
+    bundle: Path, data: Path, tmp_path: Path
+) -> None:
+    steps = [step_input(t) for t in read_transitions(data, ["test_slack"])][:40]
+    trained = WorldModelScorer.load(bundle)
+    torch.manual_seed(1)
+    model = JEPA(trained.config)  # other weights than the bundle's
+    copy = shutil.copytree(bundle, tmp_path / "wm")
+    save_weights(model, copy)
+    in_memory = WorldModelScorer(
+        model, trained.calibration, trained.encoder, relational=trained.relational,
+        mask_tools=trained.mask_tools,
+    )  # fmt: skip
+    expected = in_memory.score(steps)
+    assert WorldModelScorer.load(copy).score(steps) == expected
+    assert trained.score(steps) != expected  # the scores do come from the written weights
+
+
+class _RunsOnLoad:
+    """A pickle that makes the folder ``marker`` when it is loaded."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_a_bundle_of_pickled_weights_is_refused_unread(bundle: Path, tmp_path: Path) -> None:
+    old = shutil.copytree(bundle, tmp_path / "old")
+    (old / "model.safetensors").unlink()
+    (old / "model.pt").write_bytes(pickle.dumps(_RunsOnLoad(tmp_path / "ran")))
+    with pytest.raises(
+        ValueError, match=r"model\.pt: pickled .*retrain .*`monitor worldmodel train`"
+    ):
+        WorldModelScorer.load(old)
+    assert not (tmp_path / "ran").exists()
 
 
 def test_pre_execution_scoring_needs_no_next_observation(bundle: Path, data: Path) -> None:
