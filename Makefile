@@ -14,7 +14,7 @@ APT_PACKAGES ?= chromium chromium-driver prometheus
 SCHEMA_DIR := dashboards/schema
 PYTEST_ARGS ?=
 
-.PHONY: test demo install apt services lint bench clean
+.PHONY: test demo install apt services lint bench clean models
 
 test: install services
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -46,6 +46,15 @@ services:
 		echo "starting PostgreSQL"; \
 		pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -1) main start; \
 		for i in $$(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done; }
+
+# The default models shipped in vigil/shipped/: the small defaults, built in a fresh
+# VIGIL_HOME by the CLI a user runs, then packed (policy + bundles + manifest). Minutes.
+MODELS_HOME ?= $(CURDIR)/build/models-home
+models: install
+	rm -rf $(MODELS_HOME)/models
+	VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor calibrate --defaults --small
+	VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor models pack
+	$(VENV)/bin/monitor models verify
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -87,13 +87,20 @@ def ensure_judge(data: list[str], sizes: DefaultSizes, *, log: Log = _stderr) ->
 
 
 def ensure_policy(policy: str | Path | None = None, *, log: Log = _stderr) -> Path:
-    """``policy`` if given; else the default policy, prepared first if it does not exist yet
-    (with progress; minutes, once)."""
+    """``policy`` if given; else ``$VIGIL_HOME/models/policy.json`` where one was built or
+    calibrated; else the policy shipped with vigil (``make models``; no training); else the
+    default policy, prepared first (with progress; minutes, once)."""
     if policy:
         return Path(policy).expanduser()
     path = vigil.paths.policy()
-    if not path.exists():
-        prepare_defaults(log=log)
+    if path.exists():
+        return path
+    from monitor.shipped import shipped_policy
+
+    shipped = shipped_policy()
+    if shipped is not None:
+        return shipped
+    prepare_defaults(log=log)
     return path
 
 

@@ -228,7 +228,8 @@ def run_demo(
     timeout_s: float = 600.0,
     canary_rate: float = 0.1,
 ) -> int:
-    """Run the demo; ``policy`` skips preparing the defaults (tests give a tiny one).
+    """Run the demo with ``policy`` (tests give a tiny one); without one, the policy under
+    ``$VIGIL_HOME``, else the models shipped with vigil, else the small defaults, trained once.
 
     Where the default AgentDojo data exists, canaries from its training split are injected
     at ``canary_rate`` per step, and the summary gives their recall per tier."""
@@ -254,6 +255,11 @@ def run_demo(
 
     topics = Topics()
     if policy is None:
+        from monitor.shipped import shipped_policy
+
+        home_policy = vigil.paths.policy()
+        policy = home_policy if home_policy.exists() else shipped_policy()
+    if policy is None:  # a checkout without `make models`
         say("vigil demo: preparing the small default models (trained once, then loaded) ...")
         policy = prepare_defaults(small=True)
     dataset = vigil.paths.dataset("agentdojo") / "trajectories.jsonl"
@@ -266,6 +272,7 @@ def run_demo(
     metrics = WorkerMetrics(CollectorRegistry())
     if not dataset.exists():
         canary_rate = 0.0  # canaries come from the training split of the AgentDojo data
+        dataset = sample_path("sample_agentdojo.jsonl")  # 36 held-out runs packaged with vigil
     say("vigil demo: starting the embedded broker (Tansu, memory only) ...")
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="vigil-demo-") as tmp:
         settings = KafkaSettings(bootstrap_servers=broker.bootstrap_servers,
@@ -307,7 +314,7 @@ def run_demo(
 
             labels: dict[str, int | None] = {}
             sent = 0
-            if dataset.exists():
+            if dataset.exists():  # the packaged sample where no AgentDojo data was built
                 sample = eval_sample(dataset, trajectories, seed=seed)
                 n_bad = sum(1 for t in sample if t.harmful)
                 for t in sample:

@@ -519,8 +519,10 @@ class CalibratedPolicy:
         p = Path(path).expanduser()
         if not p.exists():
             raise PolicyError(f"{p}: no calibrated policy; make one with `monitor calibrate`")
-        try:
-            return cls.from_dict(json.loads(p.read_text()))
+        from monitor.shipped import rebase_policy
+
+        try:  # a packed policy names its bundles relative to its own folder
+            return cls.from_dict(rebase_policy(json.loads(p.read_text()), p.parent))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, PolicyError):
                 raise

@@ -91,6 +91,16 @@ def load_weights(model: JEPA, path: Path) -> JEPA:
     return model
 
 
+def _text_cache(trained_with: str | None) -> Path | None:
+    """The text cache the bundle was trained with, where it exists on this machine; else
+    this machine's (a bundle from elsewhere, a shipped one: never a folder of its build's)."""
+    if trained_with and Path(trained_with).is_dir():
+        return Path(trained_with)
+    import vigil.paths
+
+    return vigil.paths.text_cache() if trained_with else None
+
+
 class WorldModelScorer:
     def __init__(
         self,
@@ -135,7 +145,7 @@ class WorldModelScorer:
             model,
             calibration,
             encoder or text_encoder(cfg.get("text_encoder", "minilm"),
-                                    cache_dir=cfg.get("text_cache")),
+                                    cache_dir=_text_cache(cfg.get("text_cache"))),
             batch_size=batch_size,
             data_hash={d: v["hash"] for d, v in data.items()},
             relational=json.loads(rel_file.read_text()) if rel_file.exists() else None,

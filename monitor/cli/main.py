@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         broker,
         dashboards,
         likelihood,
+        models,
         probes,
         provenance,
         report,
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboards.add_parser(sub)
     report.add_parser(sub)
     reviewer.add_parser(sub)
+    models.add_parser(sub)
     p = add_command(
         sub,
         "demo",

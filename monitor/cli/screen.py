@@ -139,7 +139,11 @@ def cmd_screen(args: argparse.Namespace) -> int:
     count = sum(1 for _ in read_jsonl(src, Trajectory))  # a bad file fails before any model
     if count == 0:
         raise ValueError(f"{src}: no trajectories (the file is empty or only blank lines)")
-    screener = load_screener(args.policy, reviewer=not args.no_review)
+    from monitor.defaults import ensure_policy
+
+    policy = ensure_policy(args.policy)  # home, else shipped, else built once
+    print(f"screening with {policy}", file=sys.stderr)
+    screener = load_screener(policy, reviewer=not args.no_review)
     if args.adapt:
         from monitor.adaptive import LiveGates
 
@@ -218,8 +222,9 @@ def add_parser(sub: Any) -> None:
             "would have been paged. A trajectory's score is the policy's calibrated "
             "aggregation of its step scores, flagged when it reaches the trajectory threshold "
             "or any step is flagged (a policy without a trajectory section: the highest step "
-            "score, flagged when a step is). Without --policy the default policy is used, and "
-            "built (with progress, once) if it does not exist yet."
+            "score, flagged when a step is). Without --policy: $VIGIL_HOME/models/policy.json "
+            "where one was calibrated, else the default models shipped with vigil (no "
+            "training), else the defaults built once (with progress)."
         ),
         epilog="examples:\n  monitor screen runs.jsonl --out screened.jsonl\n"
         "  monitor screen runs.jsonl --policy my-policy.json --no-review",

@@ -1,0 +1,163 @@
+"""The default models shipped with vigil: a calibrated policy and its bundles, in one folder.
+
+``make models`` builds the small defaults with the same CLI a user runs (``monitor calibrate
+--defaults --small`` in a fresh ``VIGIL_HOME``) and packs them with :func:`pack` into
+``vigil/shipped/``, which the package carries. First use loads them (``ensure_policy``
+prefers, in order: ``--policy``, ``$VIGIL_HOME/models/policy.json``, the shipped policy,
+and only then builds the defaults), so a fresh install screens at once, with no training.
+
+The folder::
+
+    vigil/shipped/
+      policy.json      the calibrated policy; its model paths are relative to this folder
+      worldmodel/      the L0 world-model bundle (model.safetensors + JSON)
+      probes/          the L1 probe bundle (probe.safetensors + JSON)
+      provenance/      the provenance bundle (JSON)
+      judge/           the L2 judge's LoRA adapter (safetensors + JSON), when the policy has one
+      manifest.json    code version, data hashes, metrics, and the SHA-256 of every file
+
+Nothing in it can run code when loaded (JSON and safetensors only): :func:`verify` checks
+every file against the manifest, and refuses a pickle. The frozen encoders (MiniLM,
+Gemma-3-270M) are not copied: they come from the pinned model packages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+# what a shipped folder may hold: formats that cannot run code when loaded
+SAFE_SUFFIXES = (".json", ".safetensors", ".txt", ".md", ".model", ".jinja")
+SKIP_SUFFIXES = (".png",)  # reports that come with a bundle, not needed to load it
+
+
+def shipped_dir() -> Path:
+    """``vigil/shipped/`` of the installed package."""
+    import vigil
+
+    return Path(vigil.__file__).resolve().parent / "shipped"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _code_version() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty"],
+                             capture_output=True, text=True, timeout=10, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _model_fields(policy: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """The (mapping, key) pairs of a policy dict that hold a model folder."""
+    out: list[tuple[dict[str, Any], str]] = []
+    models = policy.get("data", {}).get("models") or {}
+    out += [(models, k) for k in models]
+    for tier in (policy.get("config", {}).get("tiers") or {}).values():
+        ms = tier.get("models") or {}
+        out += [(ms, k) for k in ms if ms[k]]
+        if tier.get("reviewer") and tier["reviewer"].get("model_path"):
+            out.append((tier["reviewer"], "model_path"))
+    return out
+
+
+def rebase_policy(policy: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``policy`` (a policy file's dict) with each relative model folder that exists under
+    ``base`` made absolute (a packed policy names its bundles relative to its own folder)."""
+    for mapping, key in _model_fields(policy):
+        value = mapping[key]
+        if isinstance(value, str) and not Path(value).is_absolute() and (base / value).exists():
+            mapping[key] = str(base / value)
+    return policy
+
+
+def pack(policy_path: Path, out: Path, *, log: Any = print) -> dict[str, Any]:
+    """Copy a calibrated policy and every bundle it names into ``out`` (replaced), with the
+    policy's model paths made relative, and write the manifest; returns the manifest."""
+    policy = json.loads(policy_path.read_text())
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    copied: dict[str, str] = {}  # source folder -> name in out
+    for mapping, key in _model_fields(policy):
+        src = Path(mapping[key]).expanduser()
+        if not src.is_dir():
+            raise FileNotFoundError(f"{policy_path}: names {key} = {src}, which is not a folder")
+        if str(src) not in copied:
+            name = {"model_path": "judge"}.get(key, key)  # by role: worldmodel, probes, ...
+            if name in copied.values():
+                name = f"{name}-{len(copied)}"
+            shutil.copytree(src, tmp / name,
+                            ignore=shutil.ignore_patterns(*(f"*{s}" for s in SKIP_SUFFIXES)))
+            copied[str(src)] = name
+            log(f"vigil: packed {src} -> {out / name}")
+        mapping[key] = copied[str(src)]
+    (tmp / "policy.json").write_text(json.dumps(policy, indent=2, sort_keys=True) + "\n")
+    wm = next((tmp / n for n in copied.values() if (tmp / n / "data.json").exists()), None)
+    data = {"policy_fit": {k: v for k, v in policy.get("data", {}).items()
+                           if k in ("train", "val")}}
+    if wm is not None:
+        data["worldmodel"] = {d: v["hash"] for d, v in
+                              json.loads((wm / "data.json").read_text()).items()}
+    files: dict[str, dict[str, Any]] = {}
+    for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        rel = f.relative_to(tmp).as_posix()
+        if not rel.endswith(SAFE_SUFFIXES):
+            raise ValueError(f"{rel}: a shipped folder holds only {', '.join(SAFE_SUFFIXES)} "
+                             "files (nothing that can run code when loaded)")
+        files[rel] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "code_version": _code_version(),
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": data,
+        "metrics": policy.get("metrics", {}),
+        "files": files,
+        "bytes": sum(v["bytes"] for v in files.values()),
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return manifest
+
+
+def verify(folder: Path) -> list[str]:
+    """What is wrong with a shipped folder (empty: every file is there, as the manifest
+    recorded it, and nothing else that could run code is)."""
+    m = folder / MANIFEST
+    if not m.exists():
+        return [f"{folder}: no {MANIFEST}"]
+    manifest = json.loads(m.read_text())
+    problems = []
+    for rel, info in manifest["files"].items():
+        f = folder / rel
+        if not f.exists():
+            problems.append(f"{rel}: missing")
+        elif _sha256(f) != info["sha256"]:
+            problems.append(f"{rel}: changed since it was packed (SHA-256 differs)")
+    for f in folder.rglob("*"):
+        rel = f.relative_to(folder).as_posix()
+        if f.is_file() and rel != MANIFEST and rel not in manifest["files"]:
+            problems.append(f"{rel}: not in the manifest")
+    return problems
+
+
+def shipped_policy() -> Path | None:
+    """The shipped policy, when the package carries one."""
+    p = shipped_dir() / "policy.json"
+    return p if p.exists() and (shipped_dir() / MANIFEST).exists() else None

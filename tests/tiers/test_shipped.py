@@ -1,0 +1,109 @@
+"""The default models shipped with vigil (``make models`` -> ``vigil/shipped/``).
+
+A packed policy is a folder that loads from wherever it is, screens as the policy it was
+packed from, and holds nothing that can run code; the shipped one is there, as packed, and
+a fresh ``VIGIL_HOME`` screens with it at once, training nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.pipeline import load_screener
+from monitor.shipped import MANIFEST, pack, shipped_dir, verify
+from tests.worker.conftest import ROOT
+
+TRAINED = ("worldmodel", "probes", "provenance", "policy.json")
+
+
+def _steps(small_agentdojo: Path, n: int = 24) -> list:  # type: ignore[type-arg]
+    from monitor.calibrate import load_split
+
+    return load_split([small_agentdojo], "val").steps[:n]
+
+
+def test_a_packed_policy_loads_from_its_own_folder_and_screens_as_packed(
+    tiny_policy: Path, small_agentdojo: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "packed"
+    manifest = pack(tiny_policy, out, log=lambda _m: None)
+    assert verify(out) == []
+    names = set(manifest["files"])
+    assert "policy.json" in names and any(n.startswith("worldmodel/") for n in names)
+    assert not [n for n in names if n.endswith((".pt", ".pkl", ".joblib", ".bin"))]
+    moved = tmp_path / "elsewhere" / "models"  # the folder travels: its paths are its own
+    moved.parent.mkdir()
+    out.rename(moved)
+    policy = json.loads((moved / "policy.json").read_text())
+    assert not any(Path(v).is_absolute() for v in policy["data"]["models"].values())
+    steps = _steps(small_agentdojo)
+    want = [(v.tier, round(v.score, 6)) for v in
+            load_screener(tiny_policy, reviewer=False).screen(steps, through=1)]
+    got = [(v.tier, round(v.score, 6)) for v in
+           load_screener(moved / "policy.json", reviewer=False).screen(steps, through=1)]
+    assert got == want
+
+    (moved / "worldmodel" / "config.json").write_text("{}")
+    (moved / "probes" / "probe.pkl").write_bytes(b"\x80\x04N.")
+    problems = " ".join(verify(moved))
+    assert "worldmodel/config.json: changed" in problems
+    assert "probes/probe.pkl: not in the manifest" in problems
+
+
+def test_the_shipped_models_are_there_as_packed() -> None:
+    folder = shipped_dir()
+    assert (folder / MANIFEST).exists(), f"{folder}: no shipped models; build them: make models"
+    assert verify(folder) == []
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["metrics"], "the manifest records the policy's metrics"
+    assert manifest["data"]["worldmodel"], "... and the hashes of the data it was trained on"
+
+
+def test_a_fresh_home_screens_with_the_shipped_models_and_trains_nothing(
+    small_agentdojo: Path, tmp_path: Path
+) -> None:
+    assert (shipped_dir() / "policy.json").exists(), "no shipped models: make models"
+    home = tmp_path / "home"
+    src = tmp_path / "runs.jsonl"
+    lines = (small_agentdojo / "trajectories.jsonl").read_text().splitlines()
+    src.write_text("\n".join(lines[:3]) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    gemma = Path.home() / ".cache" / "vigil" / "models" / "gemma-3-270m-hf"
+    if gemma.is_dir():  # the unpacked frozen model is not a trained one: share it
+        (home / "models").mkdir(parents=True)
+        (home / "models" / gemma.name).symlink_to(gemma)
+    env.update({"VIGIL_HOME": str(home), "PYTHONPATH": str(ROOT)})
+    out = tmp_path / "screened.jsonl"
+    run = subprocess.run([sys.executable, "-m", "monitor.cli", "screen", str(src), "--out",
+                          str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"screening with {shipped_dir() / 'policy.json'}" in run.stderr
+    assert len(out.read_text().splitlines()) == 3
+    made = {p.name for p in (home / "models").iterdir()} if (home / "models").exists() else set()
+    assert not made & set(TRAINED), f"trained or calibrated something: {sorted(made)}"
+    assert "training" not in run.stderr.lower(), run.stderr[-3000:]
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("bad", ["model.pt", "probe.joblib"])
+def test_pack_refuses_a_bundle_that_holds_a_pickle(
+    tiny_policy: Path, tmp_path: Path, bad: str
+) -> None:
+    policy = json.loads(tiny_policy.read_text())
+    folder = Path(policy["data"]["models"]["worldmodel"])
+    copy = tmp_path / "wm"
+    shutil.copytree(folder, copy)
+    (copy / bad).write_bytes(b"\x80\x04N.")
+    policy["data"]["models"]["worldmodel"] = str(copy)
+    p = tmp_path / "policy.json"
+    p.write_text(json.dumps(policy))
+    with pytest.raises(ValueError, match=bad):
+        pack(p, tmp_path / "out", log=lambda _m: None)
