@@ -54,6 +54,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from vigil.lm import LanguageModel, decoder_layers
+from vigil.progress import Progress
 
 POOLINGS = ("last", "mean")
 TEMPLATE_VERSION = 1
@@ -400,6 +401,8 @@ def extract(
         shard_keys.clear()
         shard_parts.clear()
 
+    bar = Progress("probes: extracting activations", total=len(todo), unit="step",
+                   stream=sys.stderr) if progress and todo else None
     for b in range(0, len(todo), batch_size):
         idx = todo[b : b + batch_size]
         got = pm.capture_batch(template, [steps[i] for i in idx], layers)
@@ -409,15 +412,10 @@ def extract(
         shard_parts.append(got)
         if len(shard_keys) >= 2048:
             flush()
-        if progress:
-            done = min(b + batch_size, len(todo))
-            rate = done / (time.perf_counter() - t0)
-            print(
-                f"\rprobes: extracted {done}/{len(todo)} steps ({rate:.1f} steps/s)",
-                end="" if done < len(todo) else "\n",
-                file=sys.stderr,
-                flush=True,
-            )
+        if bar is not None:
+            bar.advance(len(idx))
+    if bar is not None:
+        bar.close()
     flush()
     stats.computed += len(todo)
     stats.seconds += time.perf_counter() - t0

@@ -49,6 +49,7 @@ import numpy as np
 
 from probes.capture import TOKEN_CHARS, ActivationCache, ProbeStep, pool_hidden
 from vigil.lm import LanguageModel
+from vigil.progress import Progress
 
 TEMPLATE_VERSION = 1
 BUNDLE_VERSION = 1
@@ -221,7 +222,8 @@ class DriftEncoder:
                 for i, k in enumerate(ks):
                     out[k] = {layer: read[layer][i] for layer in layers}
         todo = sorted((k for k in prompts if k not in out), key=lambda k: len(prompts[k]))
-        done, t0 = 0, time.perf_counter()
+        bar = Progress("drift: encoding prompts", total=len(todo), unit="prompt",
+                       stream=sys.stderr) if progress and todo else None
         for batch in self._batches(todo, prompts):
             t1 = time.perf_counter()
             pooled = pool_hidden(self.lm, [(prompts[k], 1) for k in batch], layers)
@@ -230,14 +232,13 @@ class DriftEncoder:
                         for i, k in enumerate(batch)})
             if self.disk is not None:
                 self.disk.write(batch, last)
-            done += len(batch)
             self.stats.model_seconds += time.perf_counter() - t1
             self.stats.computed += len(batch)
             self.stats.tokens += sum(len(prompts[k]) for k in batch)
-            if progress:
-                rate = done / (time.perf_counter() - t0)
-                print(f"\rdrift: encoded {done}/{len(todo)} prompts ({rate:.1f}/s)",
-                      end="" if done < len(todo) else "\n", file=sys.stderr, flush=True)
+            if bar is not None:
+                bar.advance(len(batch))
+        if bar is not None:
+            bar.close()
         for k in prompts:
             self._remember(k, out[k])
         return out
