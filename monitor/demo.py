@@ -313,6 +313,7 @@ def run_demo(
             runner.start()
 
             labels: dict[str, int | None] = {}
+            sample: list[Trajectory] = []
             sent = 0
             if dataset.exists():  # the packaged sample where no AgentDojo data was built
                 sample = eval_sample(dataset, trajectories, seed=seed)
@@ -361,7 +362,38 @@ def run_demo(
     _summary(say, flowed, topics, labels, pages)
     _recall_summary(say, metrics)
     say("\nbroker and paging service stopped.")
+    _write_outputs(say, flowed, topics, sample, vigil.paths.home() / "demo")
     return 1 if worker.errors else 0
+
+
+def _write_outputs(say: Any, flowed: dict[str, list[Message]], topics: Any,
+                   sample: list[Trajectory], out: Path) -> None:
+    """What to look at afterwards, under ``out``: the screened held-out runs and their labels
+    (as ``monitor screen`` and the datasets write them), the recall report's PNGs from them,
+    and the dashboards as Grafana provisions them."""
+    from dashboards.provision import export_dashboards
+    from dashboards.report.from_files import recall_from_files
+    from dashboards.report.render import render_report
+    from streams.records import encode
+
+    out.mkdir(parents=True, exist_ok=True)
+    tiers = step_tiers(flowed.get(topics.scores, []), flowed.get(topics.escalations, []))
+    screened, labels = out / "screened.jsonl", out / "labels.jsonl"
+    with screened.open("w") as f:
+        for t in sample:
+            steps = [{"step_id": s.step_id, "tier": tiers[k]} for s in t.steps
+                     if (k := f"{t.trajectory_id}/{s.step_id}") in tiers]
+            f.write(json.dumps({"trajectory_id": t.trajectory_id, "steps": steps}) + "\n")
+    labels.write_bytes(b"".join(encode(t) + b"\n" for t in sample))
+    say("\nwhere to look:")
+    if sample:
+        report = render_report(recall_from_files(screened, [labels]), out / "report")
+        say(f"  recall report (PNG): {', '.join(str(p) for p in report)}")
+    boards = export_dashboards(out / "grafana")
+    say(f"  Grafana dashboards (JSON, provisioning): {out / 'grafana'} ({len(boards)} files)")
+    say(f"  screened runs: {screened}; their labels: {labels}")
+    say("  review pages: `monitor serve` starts the paging service (the demo's ran in memory); "
+        "open http://127.0.0.1:8000/ (the queue) and /cases/<page id>")
 
 
 class _Prefixed(io.TextIOBase):

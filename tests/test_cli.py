@@ -144,6 +144,15 @@ def test_demo_screens_the_samples_and_pages_as_it_goes(
     reviewed = int(re.search(r"reviewed (\d+)", stats).group(1))  # type: ignore[union-attr]
     harmful_canaries_l2 = int(re.search(r"L2 (\d+)/", canary).group(1))  # type: ignore[union-attr]
     assert reviewed >= real_l2 + harmful_canaries_l2 > real_l2
+    # at the end it says where to look, and the files are there
+    look = out.stdout.split("\nwhere to look:\n", 1)[1]
+    demo = home / "demo"
+    for f in ("report/recall.png", "report/funnel.png", "report/report.json",
+              "screened.jsonl", "labels.jsonl"):
+        assert (demo / f).stat().st_size > 0 and str(demo / f) in look, f
+    assert list((demo / "grafana").rglob("*.json")) and str(demo / "grafana") in look
+    report = json.loads((demo / "report" / "report.json").read_text())
+    assert report, "the report holds the recall figures"
 
 
 @pytest.mark.broker

@@ -88,20 +88,22 @@ def screen_file(
     batch_steps: int = 256,
     through: int = 2,
     progress: bool = True,
+    total: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Screen every trajectory of ``path``, yielding output lines in input order.
 
-    Steps of several trajectories are scored together (``batch_steps`` at a time).
+    The file is read as it is screened (memory does not grow with its size); steps of
+    several trajectories are scored together (``batch_steps`` at a time). ``total``: the
+    file's step count, for the progress bar's ETA.
     """
     from monitor.progress import Progress
     from monitor.screening import screen_steps_of
     from streams.records import Trajectory, read_jsonl
 
-    trajs = [_absolute_screens(t, path.parent) for t in read_jsonl(path, Trajectory)]
-    total = sum(len(t.steps) for t in trajs)
+    trajs = (_absolute_screens(t, path.parent) for t in read_jsonl(path, Trajectory))
     pending: list[Trajectory] = []
     n_pending = 0
-    with Progress(f"screening {path}", total=total, stream=sys.stderr) as bar:
+    with Progress(f"screening {path}", total=total, stream=sys.stderr, unit="step") as bar:
 
         def run(batch: list[Trajectory]) -> Iterator[dict[str, Any]]:
             steps = [s for t in batch for s in screen_steps_of(t)]
@@ -136,7 +138,10 @@ def cmd_screen(args: argparse.Namespace) -> int:
     src = Path(args.file)
     if not src.exists():
         raise FileNotFoundError(f"{src}: no such file")
-    count = sum(1 for _ in read_jsonl(src, Trajectory))  # a bad file fails before any model
+    count = total = 0  # a bad file fails before any model is loaded
+    for t in read_jsonl(src, Trajectory):
+        count += 1
+        total += len(t.steps)
     if count == 0:
         raise ValueError(f"{src}: no trajectories (the file is empty or only blank lines)")
     from monitor.defaults import ensure_policy
@@ -154,7 +159,8 @@ def cmd_screen(args: argparse.Namespace) -> int:
     n = flagged = steps = 0
     tiers = [0, 0, 0, 0]
     try:
-        for line in screen_file(screener, src, batch_steps=args.batch_steps, through=through):
+        for line in screen_file(screener, src, batch_steps=args.batch_steps, through=through,
+                                total=total):
             out.write(json.dumps(line) + "\n")
             out.flush()
             n += 1
