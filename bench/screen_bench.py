@@ -77,11 +77,11 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _run(name: str, path: Path, steps: int, *extra: str) -> dict[str, Any]:
-    out = path.with_suffix(".screened.jsonl")
+def _run(name: str, path: Path, steps: int, *extra: str, work: Path) -> dict[str, Any]:
+    out = work / f"{name}.screened.jsonl"  # never next to the input (it may be shared data)
     cmd = [sys.executable, "-m", "monitor.cli", "screen", str(path), "--out", str(out), *extra]
     t0 = time.perf_counter()
-    log = path.with_suffix(".log")
+    log = work / f"{name}.log"
     with log.open("w") as errf:
         proc = subprocess.Popen(cmd, cwd=ROOT, stderr=errf)
         first, peak_mb = None, 0.0
@@ -124,13 +124,13 @@ def main() -> None:
     toolemu = ROOT.parent / "shared" / "data" / "toolemu" / "train.jsonl"
     n_toolemu = sum(len(json.loads(x)["steps"]) for x in toolemu.open())
     cases: dict[str, Any] = {}
-    cases["test_slack_L1"] = _run("test_slack_L1", slack, n_slack, "--no-review")
-    cases["toolemu_L1"] = _run("toolemu_L1", toolemu, n_toolemu, "--no-review")
-    cases["test_slack_L2"] = _run("test_slack_L2", reviewed, n_reviewed)
+    cases["test_slack_L1"] = _run("test_slack_L1", slack, n_slack, "--no-review", work=work)
+    cases["toolemu_L1"] = _run("toolemu_L1", toolemu, n_toolemu, "--no-review", work=work)
+    cases["test_slack_L2"] = _run("test_slack_L2", reviewed, n_reviewed, work=work)
     if args.big_mb:
         big = work / "big.jsonl"
         n_big = _grow(slack, big, args.big_mb)
-        cases["big_L1"] = _run("big_L1", big, n_big, "--no-review")
+        cases["big_L1"] = _run("big_L1", big, n_big, "--no-review", work=work)
         big.unlink()
     report = {"bench": "screen", "command": shlex.join([sys.executable, *sys.argv]),
               "measured": __doc__, "cases": cases, "machine": machine(load)}

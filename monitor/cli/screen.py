@@ -93,8 +93,9 @@ def screen_file(
     """Screen every trajectory of ``path``, yielding output lines in input order.
 
     The file is read as it is screened (memory does not grow with its size); steps of
-    several trajectories are scored together (``batch_steps`` at a time). ``total``: the
-    file's step count, for the progress bar's ETA.
+    several trajectories are scored together, ``batch_steps`` at a time after a first batch
+    of 16 that doubles up to it (so the first lines come out while the models warm up).
+    ``total``: the file's step count, for the progress bar's ETA.
     """
     from monitor.progress import Progress
     from monitor.screening import screen_steps_of
@@ -120,12 +121,14 @@ def screen_file(
             if progress:
                 bar.advance(len(steps))
 
+        size = min(16, batch_steps)  # a small first batch: the first line comes soon
         for t in trajs:
             pending.append(t)
             n_pending += len(t.steps)
-            if n_pending >= batch_steps:
+            if n_pending >= size:
                 yield from run(pending)
                 pending, n_pending = [], 0
+                size = min(2 * size, batch_steps)
         if pending:
             yield from run(pending)
 
