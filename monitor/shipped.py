@@ -112,7 +112,7 @@ def pack(policy_path: Path, out: Path, *, log: Any = print) -> dict[str, Any]:
     data = {"policy_fit": {k: v for k, v in policy.get("data", {}).items()
                            if k in ("train", "val")}}
     if wm is not None:
-        data["worldmodel"] = {d: v["hash"] for d, v in
+        data["worldmodel"] = {Path(d).name: v["hash"] for d, v in  # by dataset name
                               json.loads((wm / "data.json").read_text()).items()}
     files: dict[str, dict[str, Any]] = {}
     for f in sorted(p for p in tmp.rglob("*") if p.is_file()):

@@ -107,3 +107,16 @@ def test_pack_refuses_a_bundle_that_holds_a_pickle(
     p.write_text(json.dumps(policy))
     with pytest.raises(ValueError, match=bad):
         pack(p, tmp_path / "out", log=lambda _m: None)
+
+
+def test_the_shipped_models_record_the_data_the_builder_makes(tmp_path: Path) -> None:
+    """The ToolEmu transitions the shipped world model was trained on are what the builder
+    makes from the shared data today (AgentDojo's full build takes minutes: its builds are
+    shown identical across processes in tests/worldmodel/test_agentdojo_data.py)."""
+    from worldmodel.datasets.toolemu.build import build_toolemu
+
+    manifest = json.loads((shipped_dir() / MANIFEST).read_text())
+    built = build_toolemu(tmp_path / "toolemu", progress=False)
+    assert manifest["data"]["worldmodel"]["toolemu"] == built.content_hash, (
+        "the shipped models were trained on other ToolEmu data than the builder makes now: "
+        "rebuild them with `make models`")

@@ -343,3 +343,31 @@ def test_transitions_carry_a_short_history(trajectories: dict[str, list[Transiti
 def test_an_attack_with_nothing_to_splice_is_refused_with_the_reason(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="dos.*no attacker calls to splice"):
         build_agentdojo(tmp_path, attacks=["dos"], progress=False)
+
+
+def test_the_build_writes_the_same_bytes_whatever_the_callers_hash_seed(tmp_path: Path) -> None:
+    """Some AgentDojo tools return sets (a calendar event's participants, in workspace's
+    user_task_4), whose order follows the interpreter's string hashing: two processes
+    built different files from the same arguments. Hash seeds 1 and 4 order that set
+    differently; the builds must not differ."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys\n"
+            "from worldmodel.datasets.agentdojo.build import build_agentdojo\n"
+            "m = build_agentdojo(sys.argv[1], suites=['workspace'], "
+            "attacks=['important_instructions'], max_user_tasks=5, max_injection_tasks=1, "
+            "progress=False, augment=False)\n"
+            "print(m.content_hash)\n")
+    hashes = []
+    for seed in ("1", "4"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
+        run = subprocess.run([sys.executable, "-c", code, str(tmp_path / seed)], env=env,
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert run.returncode == 0, run.stderr[-2000:]
+        hashes.append(run.stdout.split()[-1])
+    assert hashes[0] == hashes[1]
+    assert (tmp_path / "1" / "trajectories.jsonl").read_bytes() == (
+        tmp_path / "4" / "trajectories.jsonl").read_bytes()

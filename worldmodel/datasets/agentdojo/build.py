@@ -13,7 +13,10 @@ minute and a half on two cores.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -53,7 +56,7 @@ from worldmodel.datasets.agentdojo.trajectories import (
     assign_split,
     val_groups,
 )
-from worldmodel.datasets.format import DatasetWriter, Manifest
+from worldmodel.datasets.format import DatasetWriter, Manifest, read_manifest
 
 
 def _task_number(task_id: str) -> int:
@@ -312,7 +315,17 @@ def build_agentdojo(
 
     ``augment=False`` leaves out the paraphrased and renamed-tools training data
     (:func:`iter_agentdojo_trajectories`); held-out splits are the same either way.
+
+    The same arguments write the same bytes (and content hash) in every process: some
+    AgentDojo tools return collections in set order (a calendar event's participants),
+    which follows Python's per-process string hashing, so unless this interpreter's hash
+    seed is fixed to 0 the build runs in a child interpreter whose seed is.
     """
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        return _build_in_fixed_hash_process(out_dir, dict(
+            suites=suites, attacks=attacks, max_user_tasks=max_user_tasks,
+            max_injection_tasks=max_injection_tasks, seed=seed, val_fraction=val_fraction,
+            augment=augment, progress=progress))
     suites = list(suites) if suites is not None else list(SUITES)
     attacks = list(attacks) if attacks is not None else list(ATTACKS)
     notes = BuildNotes()
@@ -377,3 +390,20 @@ def build_agentdojo(
             file=sys.stderr,
         )
     return manifest
+
+
+def _build_in_fixed_hash_process(out_dir: str | Path, kwargs: dict[str, object]) -> Manifest:
+    """:func:`build_agentdojo` in a child interpreter with ``PYTHONHASHSEED=0``."""
+    root = Path(__file__).resolve().parents[3]  # the folder holding the worldmodel package
+    code = ("import json, sys\n"
+            "from worldmodel.datasets.agentdojo.build import build_agentdojo\n"
+            "build_agentdojo(sys.argv[1], **json.loads(sys.argv[2]))\n")
+    env = {**os.environ, "PYTHONHASHSEED": "0",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    done = subprocess.run([sys.executable, "-c", code, str(out_dir), json.dumps(kwargs)],
+                          env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"building AgentDojo transitions into {out_dir} failed "
+                           f"(exit {done.returncode}; its error is above)")
+    return read_manifest(out_dir)
