@@ -393,17 +393,28 @@ def build_agentdojo(
 
 
 def _build_in_fixed_hash_process(out_dir: str | Path, kwargs: dict[str, object]) -> Manifest:
-    """:func:`build_agentdojo` in a child interpreter with ``PYTHONHASHSEED=0``."""
+    """:func:`build_agentdojo` in a child interpreter with ``PYTHONHASHSEED=0``; its progress
+    goes to this process's stderr, and an error it raises is raised here (same message;
+    a ``ValueError`` or ``FileNotFoundError`` as itself, anything else as ``RuntimeError``)."""
     root = Path(__file__).resolve().parents[3]  # the folder holding the worldmodel package
     code = ("import json, sys\n"
             "from worldmodel.datasets.agentdojo.build import build_agentdojo\n"
-            "build_agentdojo(sys.argv[1], **json.loads(sys.argv[2]))\n")
+            "try:\n"
+            "    build_agentdojo(sys.argv[1], **json.loads(sys.argv[2]))\n"
+            "except Exception as e:\n"
+            "    print(json.dumps({'type': type(e).__name__, 'message': str(e)}))\n"
+            "    sys.exit(3)\n")
     env = {**os.environ, "PYTHONHASHSEED": "0",
            "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH"))
                                          if p)}
     done = subprocess.run([sys.executable, "-c", code, str(out_dir), json.dumps(kwargs)],
-                          env=env, check=False)
+                          env=env, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"building AgentDojo transitions into {out_dir} failed "
-                           f"(exit {done.returncode}; its error is above)")
+        try:
+            err = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            err = {"type": "RuntimeError", "message": f"exit {done.returncode}"}
+        kind = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError}.get(
+            err["type"], RuntimeError)
+        raise kind(err["message"])
     return read_manifest(out_dir)
