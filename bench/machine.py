@@ -26,3 +26,14 @@ def write_report(path: str | Path, report: dict[str, Any]) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def rss_mb(pid: int) -> float | None:
+    """A process's resident memory now (``VmRSS``), in MB; None once it has exited."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None

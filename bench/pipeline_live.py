@@ -32,6 +32,9 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.machine import rss_mb  # noqa: E402
 
 
 def _trajectories(datasets: list[str], split: str) -> list[Any]:
@@ -66,16 +69,6 @@ def _phase_events(trajs: list[Any], n: int, phase: str,
             if sent >= n:
                 return
         loop += 1
-
-
-def _rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def _gate_metrics(port: int) -> dict[str, float | None]:
@@ -139,7 +132,7 @@ def run_live(policy: str | None, bootstrap: str, datasets: list[str], *, rate: f
     done = threading.Event()
     try:
         deadline = time.time() + 300
-        while "joined group" not in log.read_text() or log.read_text().count("joined") < 2:
+        while log.read_text().count("joined group") < 2:  # the screen and probe stages
             if worker.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"the worker did not start:\n{log.read_text()[-3000:]}")
             time.sleep(1)
@@ -168,7 +161,7 @@ def run_live(policy: str | None, bootstrap: str, datasets: list[str], *, rate: f
 
         def sample() -> None:
             while not done.is_set():
-                mb = _rss_mb(worker.pid)
+                mb = rss_mb(worker.pid)
                 if mb is not None:
                     rss.append((round(time.time() - t_start, 1), round(mb, 1)))
                 done.wait(rss_every_s)

@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.machine import machine, write_report  # noqa: E402
+from bench.machine import machine, rss_mb, write_report  # noqa: E402
 
 
 def _write_slack(out: Path, max_steps: int | None = None) -> int:
@@ -67,16 +67,6 @@ def _grow(src: Path, out: Path, mb: float) -> int:
     return steps
 
 
-def _rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def _run(name: str, path: Path, steps: int, *extra: str, work: Path) -> dict[str, Any]:
     out = work / f"{name}.screened.jsonl"  # never next to the input (it may be shared data)
     cmd = [sys.executable, "-m", "monitor.cli", "screen", str(path), "--out", str(out), *extra]
@@ -88,7 +78,7 @@ def _run(name: str, path: Path, steps: int, *extra: str, work: Path) -> dict[str
         while proc.poll() is None:
             if first is None and out.exists() and out.stat().st_size > 0:
                 first = time.perf_counter() - t0  # the first output line: models loaded
-            peak_mb = max(peak_mb, _rss_mb(proc.pid))
+            peak_mb = max(peak_mb, rss_mb(proc.pid) or 0.0)
             time.sleep(0.25)
     took = time.perf_counter() - t0
     err = log.read_text()
