@@ -85,7 +85,7 @@ class Judge:
     """A trained judge bundle, loaded for scoring: P(unsafe) per prompt, batched."""
 
     def __init__(self, folder: str | Path, *, threads: int | None = None,
-                 batch_size: int = 8) -> None:
+                 batch_size: int = 8, dtype: str | None = "auto") -> None:
         from monitor.reviewer.engine import NextTokenEngine, load_reviewer_model
         from vigil.lm import LanguageModel
 
@@ -100,12 +100,12 @@ class Judge:
         self.max_chars = int(self.info["config"]["max_chars"])
         path = self.info.get("base_model_path")
         if self.info["method"] == "full":
-            lm = load_reviewer_model(self.folder / "weights", threads=threads)
+            lm = load_reviewer_model(self.folder / "weights", threads=threads, dtype=dtype)
         else:
             from peft import PeftModel
 
             base = load_reviewer_model(path if path and Path(path).exists() else None,
-                                       threads=threads)
+                                       threads=threads, dtype=dtype)
             if base.model_hash != self.info["base_model_hash"]:
                 raise ValueError(f"{folder}: trained on {self.info['base_model_id']} "
                                  f"({self.info['base_model_hash']}), not {base.model_hash}")

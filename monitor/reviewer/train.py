@@ -283,7 +283,7 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     log(f"judge: {len(train)} training examples ({sum(e.label for e in train)} unsafe, "
         f"{sum(e.hard_negative for e in train)} hard negatives, "
         f"{sum(e.mode == 'trajectory' for e in train)} whole trajectories), {len(val)} held out")
-    lm = load_reviewer_model(cfg.model_path, threads=cfg.threads)
+    lm = load_reviewer_model(cfg.model_path, threads=cfg.threads, dtype="float32")
     tok = lm.tokenizer
     model = lm.model
     model.config.use_cache = False

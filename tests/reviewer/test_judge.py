@@ -59,8 +59,11 @@ def test_the_reloaded_bundle_gives_the_verdicts_it_gave_in_training(
     val = heldout_examples(JudgeTrainConfig(data=[str(small_agentdojo)], out="",
                                             **info["config"]))
     assert len(val) == len(info["heldout"]["p_unsafe"]) == 16
-    again = judge.p_unsafe([e.prompt for e in val])
-    np.testing.assert_allclose(again, info["heldout"]["p_unsafe"], atol=1e-4)
+    prompts = [e.prompt for e in val]
+    exact = Judge(judge_bundle, threads=2, dtype="float32")  # the weights it trained in
+    np.testing.assert_allclose(exact.p_unsafe(prompts), info["heldout"]["p_unsafe"], atol=1e-4)
+    # served in bfloat16 where the CPU multiplies it natively: close, not identical
+    np.testing.assert_allclose(judge.p_unsafe(prompts), info["heldout"]["p_unsafe"], atol=0.05)
 
 
 def test_after_a_small_training_it_ranks_a_real_attack_above_a_benign_step(judge: Judge) -> None:
