@@ -81,56 +81,121 @@ def _judge_trajectories(
     return [next(it) if s is not None else None for s in last]
 
 
+def screen_batch(screener: Screener, batch: list[Trajectory], through: int
+                 ) -> list[dict[str, Any]]:
+    """The output lines of ``batch``'s trajectories: their steps scored together."""
+    from monitor.screening import screen_steps_of
+
+    steps = [s for t in batch for s in screen_steps_of(t)]
+    verdicts = screener.screen(steps, through=through) if steps else []
+    judged = _judge_trajectories(screener, batch, steps) if through >= 2 else None
+    lines, i = [], 0
+    for k, t in enumerate(batch):
+        line = trajectory_line(t, verdicts[i : i + len(t.steps)], screener.policy.trajectory)
+        if judged is not None and judged[k] is not None:
+            line["judge_unsafe"] = judged[k]
+        lines.append(line)
+        i += len(t.steps)
+    return lines
+
+
+def _batches(path: Path, batch_steps: int) -> Iterator[list[Trajectory]]:
+    """``path``'s trajectories in batches of about ``batch_steps`` steps, read as needed: a
+    first batch of 16 steps doubling up to ``batch_steps`` (the first lines come out while
+    the models warm up)."""
+    from streams.records import Trajectory, read_jsonl
+
+    pending: list[Trajectory] = []
+    n_pending = 0
+    size = min(16, batch_steps)
+    for t in read_jsonl(path, Trajectory):
+        pending.append(_absolute_screens(t, path.parent))
+        n_pending += len(t.steps)
+        if n_pending >= size:
+            yield pending
+            pending, n_pending = [], 0
+            size = min(2 * size, batch_steps)
+    if pending:
+        yield pending
+
+
+# --workers: each worker process holds its own screener (loaded once, by _worker_start)
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_start(policy: str, reviewer: bool, threads: int) -> None:
+    import torch
+
+    from monitor.pipeline import load_screener
+
+    torch.set_num_threads(threads)
+    _WORKER["screener"] = load_screener(policy, reviewer=reviewer)
+
+
+def _worker_screen(batch: list[Trajectory], through: int) -> list[dict[str, Any]]:
+    return screen_batch(_WORKER["screener"], batch, through)
+
+
+def _screen_in_workers(policy: str, path: Path, *, workers: int, reviewer: bool,
+                       batch_steps: int, through: int) -> Iterator[list[dict[str, Any]]]:
+    """Batches screened by ``workers`` processes (each with its own models and
+    ``cores / workers`` torch threads), yielded in input order; at most two batches per
+    worker are read ahead, so memory does not grow with the file."""
+    import multiprocessing as mp
+    import os
+    from collections import deque
+    from concurrent.futures import Future, ProcessPoolExecutor
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    ctx = mp.get_context("spawn")  # no forked torch thread pools
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_start,
+                             initargs=(policy, reviewer, threads)) as pool:
+        ahead: deque[Future[list[dict[str, Any]]]] = deque()
+        for batch in _batches(path, batch_steps):
+            ahead.append(pool.submit(_worker_screen, batch, through))
+            if len(ahead) >= 2 * workers:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+
+
 def screen_file(
-    screener: Screener,
+    screener: Screener | None,
     path: Path,
     *,
     batch_steps: int = 256,
     through: int = 2,
     progress: bool = True,
     total: int | None = None,
+    workers: int = 1,
+    policy: str | Path | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Screen every trajectory of ``path``, yielding output lines in input order.
 
     The file is read as it is screened (memory does not grow with its size); steps of
     several trajectories are scored together, ``batch_steps`` at a time after a first batch
     of 16 that doubles up to it (so the first lines come out while the models warm up).
-    ``total``: the file's step count, for the progress bar's ETA.
+    ``total``: the file's step count, for the progress bar's ETA. ``workers > 1``: the
+    batches go to that many processes, each loading ``policy`` itself (``screener`` is
+    then unused and may be None).
     """
     from monitor.progress import Progress
-    from monitor.screening import screen_steps_of
-    from streams.records import Trajectory, read_jsonl
 
-    trajs = (_absolute_screens(t, path.parent) for t in read_jsonl(path, Trajectory))
-    pending: list[Trajectory] = []
-    n_pending = 0
+    if workers > 1:
+        if policy is None:
+            raise ValueError("screening in worker processes needs the policy's path")
+        results: Iterator[list[dict[str, Any]]] = _screen_in_workers(
+            str(policy), path, workers=workers, reviewer=through >= 2,
+            batch_steps=batch_steps, through=through)
+    elif screener is None:
+        raise ValueError("screen_file needs a screener (or workers > 1 and a policy)")
+    else:
+        results = (screen_batch(screener, b, through) for b in _batches(path, batch_steps))
     with Progress(f"screening {path}", total=total, stream=sys.stderr, unit="step") as bar:
-
-        def run(batch: list[Trajectory]) -> Iterator[dict[str, Any]]:
-            steps = [s for t in batch for s in screen_steps_of(t)]
-            verdicts = screener.screen(steps, through=through) if steps else []
-            judged = _judge_trajectories(screener, batch, steps) if through >= 2 else None
-            i = 0
-            for k, t in enumerate(batch):
-                line = trajectory_line(t, verdicts[i : i + len(t.steps)],
-                                       screener.policy.trajectory)
-                if judged is not None and judged[k] is not None:
-                    line["judge_unsafe"] = judged[k]
-                yield line
-                i += len(t.steps)
+        for lines in results:
+            yield from lines
             if progress:
-                bar.advance(len(steps))
-
-        size = min(16, batch_steps)  # a small first batch: the first line comes soon
-        for t in trajs:
-            pending.append(t)
-            n_pending += len(t.steps)
-            if n_pending >= size:
-                yield from run(pending)
-                pending, n_pending = [], 0
-                size = min(2 * size, batch_steps)
-        if pending:
-            yield from run(pending)
+                bar.advance(sum(len(line["steps"]) for line in lines))
 
 
 def cmd_screen(args: argparse.Namespace) -> int:
@@ -151,8 +216,14 @@ def cmd_screen(args: argparse.Namespace) -> int:
 
     policy = ensure_policy(args.policy)  # home, else shipped, else built once
     print(f"screening with {policy}", file=sys.stderr)
-    screener = load_screener(policy, reviewer=not args.no_review)
-    if args.adapt:
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    if args.workers > 1 and args.adapt:
+        raise ValueError("--adapt needs --workers 1: the live gates learn from the whole "
+                         "stream in order, which several processes would each see a part of")
+    screener = (load_screener(policy, reviewer=not args.no_review) if args.workers == 1
+                else None)
+    if args.adapt and screener is not None:
         from monitor.adaptive import LiveGates
 
         screener.live = LiveGates(screener.policy, window=args.adapt_window)
@@ -163,7 +234,7 @@ def cmd_screen(args: argparse.Namespace) -> int:
     tiers = [0, 0, 0, 0]
     try:
         for line in screen_file(screener, src, batch_steps=args.batch_steps, through=through,
-                                total=total):
+                                total=total, workers=args.workers, policy=policy):
             out.write(json.dumps(line) + "\n")
             out.flush()
             n += 1
@@ -181,7 +252,7 @@ def cmd_screen(args: argparse.Namespace) -> int:
         + (f"; wrote {args.out}" if args.out else ""),
         file=sys.stderr,
     )
-    if screener.live is not None:
+    if screener is not None and screener.live is not None:
         for name, g in zip(("L0->L1", "L1->L2", "L2->L3"), screener.live.status(), strict=True):
             print(f"adapted gate {name}: threshold {g['calibrated']:.4f} -> {g['threshold']:.4f} "
                   f"(passes {g['window_share']:.1%} of the last {g['seen']} scores reaching it; "
@@ -244,6 +315,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
     p.add_argument("--no-review", action="store_true", help="stop after L1 (no L2 reviewer)")
     p.add_argument("--batch-steps", type=int, default=256, help="steps scored together")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="screen in N processes, each with its own models and cores/N torch "
+                   "threads (default 1; more where there are more cores; memory grows "
+                   "with N)")
     p.add_argument("--adapt", action="store_true",
                    help="move each gate's threshold to hold its budget on this file's own "
                    "score distribution (sliding-window quantile sketch; never below the "

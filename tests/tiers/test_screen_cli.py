@@ -59,3 +59,32 @@ def test_screen_without_a_policy_file_says_how_to_make_one(
                    '"action": {"text": "ls"}}]}\n')
     assert main(["screen", str(src), "--policy", str(tmp_path / "none.json")]) == 2
     assert "monitor calibrate" in capsys.readouterr().err
+
+
+def test_screening_in_two_worker_processes_gives_the_lines_of_one_in_input_order(
+    small_agentdojo: Path, tiny_policy: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "in.jsonl"
+    picked = _sample(small_agentdojo, src, n=12)
+    out = {}
+    for workers in (1, 2):
+        dst = tmp_path / f"out{workers}.jsonl"
+        assert main(["screen", str(src), "--out", str(dst), "--policy", str(tiny_policy),
+                     "--batch-steps", "16", "--workers", str(workers)]) == 0
+        out[workers] = [json.loads(x) for x in dst.read_text().splitlines()]
+    assert [x["trajectory_id"] for x in out[2]] == [p["trajectory_id"] for p in picked]
+    for one, two in zip(out[1], out[2], strict=True):
+        assert [s["tier"] for s in two["steps"]] == [s["tier"] for s in one["steps"]]
+        assert two["flagged"] == one["flagged"]
+        for a, b in zip(one["steps"], two["steps"], strict=True):
+            assert b["score"] == pytest.approx(a["score"], abs=1e-4)  # torch threads differ
+
+
+def test_adapting_gates_in_several_workers_is_refused_with_the_reason(
+    small_agentdojo: Path, tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in.jsonl"
+    _sample(small_agentdojo, src)
+    assert main(["screen", str(src), "--policy", str(tiny_policy), "--adapt",
+                 "--workers", "2"]) == 2
+    assert "--adapt needs --workers 1" in capsys.readouterr().err
