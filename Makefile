@@ -14,7 +14,7 @@ APT_PACKAGES ?= chromium chromium-driver prometheus
 SCHEMA_DIR := dashboards/schema
 PYTEST_ARGS ?=
 
-.PHONY: test demo install apt services lint bench clean models
+.PHONY: test demo install apt services lint bench clean models check-models
 
 test: install services
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -55,6 +55,11 @@ models: install
 	VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor calibrate --defaults --small
 	VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor models pack
 	$(VENV)/bin/monitor models verify
+
+# Retrain the shipped defaults from scratch in a fresh VIGIL_HOME and check that they land
+# on the recorded data hashes and metrics (about ten minutes; not part of `make test`).
+check-models: install
+	VIGIL_RETRAIN=1 $(PY) -m pytest -q tests/tiers/test_retrain.py
 
 lint: install
 	$(VENV)/bin/ruff check .

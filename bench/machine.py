@@ -28,6 +28,27 @@ def write_report(path: str | Path, report: dict[str, Any]) -> None:
     out.write_text(json.dumps(report, indent=2) + "\n")
 
 
+def tree_rss_mb(pid: int) -> float | None:
+    """Resident memory of a process and all its descendants now, in MB (worker processes
+    count); None once it has exited."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    own = rss_mb(pid)
+    if own is None:
+        return None
+    todo, total = list(children.get(pid, [])), own
+    while todo:
+        c = todo.pop()
+        total += rss_mb(c) or 0.0
+        todo.extend(children.get(c, []))
+    return total
+
+
 def rss_mb(pid: int) -> float | None:
     """A process's resident memory now (``VmRSS``), in MB; None once it has exited."""
     try:

@@ -5,12 +5,14 @@
 Writes bench/results/screen.json. Each case runs ``monitor screen FILE --out OUT`` as a
 user would (a subprocess, the default policy: ``$VIGIL_HOME``'s, else the shipped one) and
 reports steps per second after the models loaded (the time to the first output line is
-reported apart), and the process's peak resident memory (VmRSS sampled every 0.25 s):
+reported apart), and the peak resident memory of the process and its workers (VmRSS summed,
+sampled every 0.25 s); ``--cases`` reruns some cases and keeps the others' figures:
 
 * ``test_slack``: the held-out AgentDojo ``test_slack`` trajectories (from
   ``$VIGIL_HOME/data/agentdojo``), through L1 (``--no-review``) and, on the first
-  ``--review-steps`` steps' trajectories, through L2 (the local judge);
-* ``toolemu``: ``../shared/data/toolemu/train.jsonl``, through L1;
+  ``--review-steps`` steps' trajectories, through L2 (the local judge); through L1 also
+  with ``--workers 2``;
+* ``toolemu``: ``../shared/data/toolemu/train.jsonl``, through L1 and through L2;
 * ``big`` (``--big-mb N``): the slack file repeated with fresh ids up to N MB, through L1
   (memory must not grow with the file).
 """
@@ -30,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.machine import machine, rss_mb, write_report  # noqa: E402
+from bench.machine import machine, tree_rss_mb, write_report  # noqa: E402
 
 
 def _write_slack(out: Path, max_steps: int | None = None) -> int:
@@ -78,7 +80,7 @@ def _run(name: str, path: Path, steps: int, *extra: str, work: Path) -> dict[str
         while proc.poll() is None:
             if first is None and out.exists() and out.stat().st_size > 0:
                 first = time.perf_counter() - t0  # the first output line: models loaded
-            peak_mb = max(peak_mb, rss_mb(proc.pid) or 0.0)
+            peak_mb = max(peak_mb, tree_rss_mb(proc.pid) or 0.0)
             time.sleep(0.25)
     took = time.perf_counter() - t0
     err = log.read_text()
@@ -103,7 +105,13 @@ def main() -> None:
     p.add_argument("--review-steps", type=int, default=300)
     p.add_argument("--big-mb", type=float, default=0.0)
     p.add_argument("--work", default="/tmp/vigil-screen-bench")
+    p.add_argument("--cases", nargs="+", metavar="CASE",
+                   help="run only these cases (the others keep their earlier figures): "
+                   "test_slack_L1 test_slack_L1_workers2 toolemu_L1 toolemu_L2 test_slack_L2 "
+                   "big_L1")
     args = p.parse_args()
+    want = set(args.cases or ["test_slack_L1", "test_slack_L1_workers2", "toolemu_L1",
+                              "toolemu_L2", "test_slack_L2", "big_L1"])
     load = os.getloadavg()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -113,18 +121,26 @@ def main() -> None:
     n_reviewed = _write_slack(reviewed, args.review_steps)
     toolemu = ROOT.parent / "shared" / "data" / "toolemu" / "train.jsonl"
     n_toolemu = sum(len(json.loads(x)["steps"]) for x in toolemu.open())
-    cases: dict[str, Any] = {}
-    cases["test_slack_L1"] = _run("test_slack_L1", slack, n_slack, "--no-review", work=work)
-    cases["toolemu_L1"] = _run("toolemu_L1", toolemu, n_toolemu, "--no-review", work=work)
-    cases["test_slack_L2"] = _run("test_slack_L2", reviewed, n_reviewed, work=work)
-    if args.big_mb:
+    result = ROOT / "bench" / "results" / "screen.json"
+    cases: dict[str, Any] = json.loads(result.read_text())["cases"] if result.exists() else {}
+    runs = {
+        "test_slack_L1": (slack, n_slack, "--no-review"),
+        "test_slack_L1_workers2": (slack, n_slack, "--no-review", "--workers", "2"),
+        "toolemu_L1": (toolemu, n_toolemu, "--no-review"),
+        "toolemu_L2": (toolemu, n_toolemu),
+        "test_slack_L2": (reviewed, n_reviewed),
+    }
+    for name, (path, steps, *extra) in runs.items():
+        if name in want:
+            cases[name] = _run(name, path, steps, *extra, work=work)
+    if args.big_mb and "big_L1" in want:
         big = work / "big.jsonl"
         n_big = _grow(slack, big, args.big_mb)
         cases["big_L1"] = _run("big_L1", big, n_big, "--no-review", work=work)
         big.unlink()
     report = {"bench": "screen", "command": shlex.join([sys.executable, *sys.argv]),
               "measured": __doc__, "cases": cases, "machine": machine(load)}
-    write_report(ROOT / "bench" / "results" / "screen.json", report)
+    write_report(result, report)
 
 
 if __name__ == "__main__":

@@ -158,3 +158,33 @@ def shipped_policy() -> Path | None:
     """The shipped policy, when the package carries one."""
     p = shipped_dir() / "policy.json"
     return p if p.exists() and (shipped_dir() / MANIFEST).exists() else None
+
+
+# How far a retraining of the shipped defaults may land from the recorded metrics (absolute):
+# the budgets' shares of benign steps, the recall at each tier and the trajectory AUROC.
+# Training is seeded, but thread counts and bfloat16 sums differ between machines.
+TOLERANCE: dict[str, float] = {
+    "val.benign_share_reaching_L1": 0.03,
+    "val.benign_share_reaching_L2": 0.01,
+    "val.benign_share_reaching_L3": 0.005,
+    "val.recall_L1": 0.05,
+    "val.recall_L2": 0.15,
+    "val.recall_L3": 0.15,
+    "trajectory.auroc": 0.01,
+    "trajectory.recall_flagged": 0.05,
+}
+
+
+def metric_differences(recorded: dict[str, Any], got: dict[str, Any],
+                       tolerance: dict[str, float] | None = None) -> list[str]:
+    """Each metric of :data:`TOLERANCE` that ``got`` (a policy's ``metrics``) has more than
+    its tolerance away from ``recorded`` (the manifest's), one line each; [] when it agrees."""
+    out = []
+    for key, tol in (tolerance or TOLERANCE).items():
+        section, name = key.split(".", 1)
+        a, b = recorded.get(section, {}).get(name), got.get(section, {}).get(name)
+        if a is None or b is None:
+            out.append(f"{key}: recorded {a}, got {b}")
+        elif abs(float(a) - float(b)) > tol:
+            out.append(f"{key}: recorded {float(a):.4f}, got {float(b):.4f} (tolerance {tol})")
+    return out

@@ -190,7 +190,7 @@ class ProbeScorer:
                 path = self.model_path or (info.model_path or None)
                 if path and not Path(path).exists():
                     path = None  # the bundle came from another machine: use the default model
-                self.model = load_probe_model(path, dtype=info.dtype)
+                self.model = load_probe_model(path, dtype=info.dtype, keep_layers=info.layer)
         if self.model.model_hash != info.model_hash:
             raise ValueError(
                 f"probe model {self.model.model_id} ({self.model.model_hash}) is not the "

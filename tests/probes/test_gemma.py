@@ -142,3 +142,26 @@ def test_tiny_train_and_round_trip(pm: ProbeModel, tiny_banking: Path, tmp_path:
     )
     assert args.fn(args) == 0
     assert json.loads(out.read_text())["val"]["probe"]["steps"] == len(val)
+
+
+def test_a_model_cut_after_the_probe_layer_gives_the_full_models_activations(
+    pm: ProbeModel,
+) -> None:
+    """L1 loads only the blocks up to its probe's layer: same activations, less memory."""
+    import copy
+    import dataclasses
+
+    from probes.models import keep_first_layers
+
+    cut_model = copy.deepcopy(pm.model)
+    keep_first_layers(cut_model, 6)
+    cut = dataclasses.replace(pm, model=cut_model)
+    assert cut.num_layers == 6 and pm.num_layers == 18
+    full = extract(pm, STEPS, [6], cache_dir=None, progress=False)
+    got = extract(cut, STEPS, [6], cache_dir=None, progress=False)
+    for key in ((6, "mean"), (6, "last")):
+        np.testing.assert_allclose(got[key], full[key], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="has no layer 7; it offers layers 1..6"):
+        extract(cut, STEPS[:1], [7], cache_dir=None, progress=False)
+    assert sum(p.numel() for p in cut_model.parameters()) < sum(
+        p.numel() for p in pm.model.parameters())

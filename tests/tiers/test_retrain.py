@@ -1,0 +1,46 @@
+"""A retraining of the shipped defaults from scratch lands on the shipped metrics.
+
+Opt-in (about ten minutes on 2 cores, over the suite's budget): ``make check-models`` runs it
+with ``VIGIL_RETRAIN=1``; it builds the data with the same builders (``VIGIL_RETRAIN_DATA=
+reuse``: link the datasets already built under ``$VIGIL_HOME/data`` instead) and trains with
+the command ``make models`` runs, in a fresh ``VIGIL_HOME``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vigil.paths
+from monitor.shipped import metric_differences, shipped_dir
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.environ.get("VIGIL_RETRAIN"),
+                       reason="retrains the shipped defaults (~10 min): make check-models"),
+]
+
+
+def test_a_small_retraining_from_scratch_reproduces_the_shipped_metrics(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    if os.environ.get("VIGIL_RETRAIN_DATA") == "reuse":
+        for name in ("agentdojo", "toolemu"):
+            built = vigil.paths.dataset(name)
+            if (built / "manifest.json").exists():
+                (home / "data" / name).symlink_to(built)
+    env = {**os.environ, "VIGIL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run([sys.executable, "-m", "monitor.cli", "calibrate", "--defaults",
+                        "--small"], env=env, capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = json.loads((shipped_dir() / "manifest.json").read_text())
+    policy = json.loads((home / "models" / "policy.json").read_text())
+    wm = json.loads((home / "models" / "worldmodel" / "data.json").read_text())
+    hashes = {Path(d).name: v["hash"] for d, v in wm.items()}
+    assert hashes == manifest["data"]["worldmodel"], "the builders made other data"
+    assert metric_differences(manifest["metrics"], policy["metrics"]) == []
