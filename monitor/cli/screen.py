@@ -65,17 +65,21 @@ def trajectory_line(
 
 
 def _judge_trajectories(
-    screener: Screener, batch: list[Trajectory], steps: list[Any]
+    screener: Screener, batch: list[Trajectory], verdicts: list[StepVerdict], steps: list[Any]
 ) -> list[float | None] | None:
-    """The fine-tuned judge's verdict on each whole trajectory of ``batch`` (its trajectory
-    question on the last step), when the screener's reviewer is a judge; else None."""
+    """The fine-tuned judge's verdict on each whole trajectory of ``batch`` that has a step
+    the tiers took to L2 (its trajectory question on the last step, asked of all together),
+    when the screener's reviewer is a judge; else None. Like every L2 review, the judge
+    reads only what L1 escalates."""
     reviewer = screener.reviewer
     if reviewer is None or not getattr(reviewer, "judged", False):
         return None
-    last, i = [], 0
+    last: list[Any] = []
+    i = 0
     for t in batch:
+        reached = any(v.tier >= 2 for v in verdicts[i : i + len(t.steps)])
         i += len(t.steps)
-        last.append(steps[i - 1] if t.steps else None)
+        last.append(steps[i - 1] if t.steps and reached else None)
     got = reviewer.judge_trajectories([s for s in last if s is not None])
     it = iter(got)
     return [next(it) if s is not None else None for s in last]
@@ -88,7 +92,7 @@ def screen_batch(screener: Screener, batch: list[Trajectory], through: int
 
     steps = [s for t in batch for s in screen_steps_of(t)]
     verdicts = screener.screen(steps, through=through) if steps else []
-    judged = _judge_trajectories(screener, batch, steps) if through >= 2 else None
+    judged = _judge_trajectories(screener, batch, verdicts, steps) if through >= 2 else None
     lines, i = [], 0
     for k, t in enumerate(batch):
         line = trajectory_line(t, verdicts[i : i + len(t.steps)], screener.policy.trajectory)

@@ -247,25 +247,52 @@ class RubricReviewer:
                               "log-probabilities: is the model a judge?")
         return verdict_score(lu, ls), got.cost
 
+    def _judge_many(self, steps: Sequence[ScreenStep], mode: str = "step"
+                    ) -> list[tuple[float | None, float]]:
+        """:meth:`_judge` for many steps, their prompts scored together (a batch the length
+        of the engine's, each batch with one case's timeout): (P(unsafe), cost) each; None
+        where the batch timed out or the answer had no verdict token."""
+        out: list[tuple[float | None, float]] = []
+        step = max(1, 2 * int(getattr(self.config, "batch_size", 8)))
+        for start in range(0, len(steps), step):
+            chunk = steps[start : start + step]
+            prompts = [judge_prompt(s, mode=mode, max_chars=self.judge_max_chars) for s in chunk]
+            try:
+                got = self._score(prompts, time.monotonic() + self.config.timeout_s,
+                                  JUDGE_ANSWERS)
+            except (ReviewTimeout, ReviewError):
+                out.extend((None, 0.0) for _ in chunk)
+                continue
+            self.budget.settle(got.reserved, got.cost)
+            each = got.cost / len(chunk)
+            out.extend((verdict_score(lu, ls) if lu is not None and ls is not None else None,
+                        each) for lu, ls in got.logprobs)
+        return out
+
     # -- the loop -----------------------------------------------------------------------
     def review(self, cases: Sequence[ReviewCase]) -> list[ReviewVerdict]:
-        return [self.review_one(c) for c in cases]
+        """A verdict for each case; a judge's question is asked of all of them together
+        after the rubrics (a judge that fails on a case leaves ``judge_unsafe`` unknown)."""
+        verdicts = [self.review_one(c, judge=False) for c in cases]
+        if not self.judged:
+            return verdicts
+        todo = [i for i, v in enumerate(verdicts) if v.error is None]
+        got = self._judge_many([cases[i].step for i in todo])
+        for i, (p, cost) in zip(todo, got, strict=True):
+            v = verdicts[i]
+            note = "" if p is None else f"\nThe fine-tuned judge gives P(unsafe) = {p:.3f}."
+            verdicts[i] = replace(v, judge_unsafe=p, cost=v.cost + cost,
+                                  rationale=v.rationale + note)
+        return verdicts
 
     def judge_trajectories(self, last_steps: Sequence[ScreenStep]) -> list[float | None]:
         """The judge's P(unsafe) that some action of each trajectory was unsafe, from its
-        last step (the judge's trajectory question); None for each when the model is not
-        a judge, and for one whose review failed (timeout, budget, a malformed reply)."""
-        out: list[float | None] = []
-        for step in last_steps:
-            p: float | None = None
-            if self.judged:
-                try:
-                    p = self._judge(step, time.monotonic() + self.config.timeout_s,
-                                    "trajectory")[0]
-                except (ReviewTimeout, ReviewError):
-                    p = None
-            out.append(p)
-        return out
+        last step (the judge's trajectory question, asked of all together); None for each
+        when the model is not a judge, and for one whose review failed (timeout, budget, a
+        malformed reply)."""
+        if not self.judged:
+            return [None for _ in last_steps]
+        return [p for p, _ in self._judge_many(last_steps, "trajectory")]
 
     def _null_logodds(self, deadline: float) -> list[float]:
         if not self.config.calibrated:
@@ -282,8 +309,9 @@ class RubricReviewer:
                 ]
             return self._null
 
-    def review_one(self, case: ReviewCase) -> ReviewVerdict:
-        """One verdict; every failure becomes ``error`` (this never raises)."""
+    def review_one(self, case: ReviewCase, *, judge: bool = True) -> ReviewVerdict:
+        """One verdict; every failure becomes ``error`` (this never raises). ``judge=False``:
+        the rubrics only (:meth:`review` asks the judge of a whole batch at once)."""
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.config.timeout_s
         key = str(getattr(getattr(case, "step", None), "key", ""))
@@ -318,7 +346,7 @@ class RubricReviewer:
                 notes.append("Scores are calibrated against a content-free step "
                              "(0.5 = no different).")
             judged = None
-            if self.judged:
+            if self.judged and judge:
                 judged, spent = self._judge(case.step, deadline)
                 cost += spent
                 notes.append(f"The fine-tuned judge gives P(unsafe) = {judged:.3f}.")

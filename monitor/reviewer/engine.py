@@ -129,10 +129,12 @@ class NextTokenEngine:
                 **{self._cache_kw: prefix_cache},
             )
         rows = []
+        # batches of like lengths (less padding); the rows go back to the prompts' order
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         for start in range(0, len(seqs), self.batch_size):
             if deadline is not None and time.monotonic() > deadline:
                 raise ReviewTimeout("the review ran past its deadline")
-            chunk = [s[n_pre:] for s in seqs[start : start + self.batch_size]]
+            chunk = [seqs[i][n_pre:] for i in order[start : start + self.batch_size]]
             b, width = len(chunk), max(len(c) for c in chunk)
             ids = torch.full((b, width), pad, dtype=torch.long)
             mask = torch.zeros((b, n_pre + width), dtype=torch.long)
@@ -156,7 +158,10 @@ class NextTokenEngine:
             if cap:
                 logits = torch.tanh(logits / cap) * cap
             rows.append(torch.log_softmax(logits, dim=-1))
-        return torch.cat(rows)
+        got = torch.cat(rows)
+        out = torch.empty_like(got)
+        out[torch.tensor(order)] = got
+        return out
 
     def reference_logprobs(self, prompt: str) -> Any:
         """One prompt alone through the full model (no prefix sharing): for checks."""
