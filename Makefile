@@ -49,9 +49,13 @@ services:
 
 # The default models shipped in vigil/shipped/: the small defaults, built in a fresh
 # VIGIL_HOME by the CLI a user runs, then packed (policy + bundles + manifest). Minutes.
+# MiniWoB++ is recorded first (the small defaults use it where it is there): its benign
+# trajectories give the trajectory threshold enough benign runs to spend its budget on.
 MODELS_HOME ?= $(CURDIR)/build/models-home
 models: install
 	rm -rf $(MODELS_HOME)/models
+	test -f $(MODELS_HOME)/data/miniwob/manifest.json || \
+		VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor worldmodel build-data miniwob
 	VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor calibrate --defaults --small
 	VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor models pack
 	$(VENV)/bin/monitor models verify

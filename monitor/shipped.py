@@ -73,6 +73,15 @@ def _model_fields(policy: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
     return out
 
 
+def _text_files(dataset: Path) -> dict[str, str]:
+    """SHA-256 of each JSON Lines file of a dataset, from its manifest ({} without one)."""
+    f = dataset / "manifest.json"
+    if not f.exists():
+        return {}
+    files = json.loads(f.read_text()).get("files", {})
+    return {name: sha for name, sha in sorted(files.items()) if name.endswith(".jsonl")}
+
+
 def rebase_policy(policy: dict[str, Any], base: Path) -> dict[str, Any]:
     """``policy`` (a policy file's dict) with each relative model folder that exists under
     ``base`` made absolute (a packed policy names its bundles relative to its own folder)."""
@@ -109,8 +118,11 @@ def pack(policy_path: Path, out: Path, *, log: Any = print) -> dict[str, Any]:
     data = {"policy_fit": {k: v for k, v in policy.get("data", {}).items()
                            if k in ("train", "val")}}
     if wm is not None:
-        data["worldmodel"] = {Path(d).name: v["hash"] for d, v in  # by dataset name
-                              json.loads((wm / "data.json").read_text()).items()}
+        used = json.loads((wm / "data.json").read_text())
+        data["worldmodel"] = {Path(d).name: v["hash"] for d, v in used.items()}  # by name
+        # the text files' own hashes: MiniWoB++ screenshots can differ by a pixel between
+        # two recordings (a caret's blink), which changes a dataset's content hash
+        data["worldmodel_text"] = {Path(d).name: _text_files(Path(d)) for d in used}
     files: dict[str, dict[str, Any]] = {}
     for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
         rel = f.relative_to(tmp).as_posix()

@@ -296,3 +296,17 @@ def test_unknown_tasks_and_episode_keys_fail_with_one_sentence(tmp_path: Path) -
         build_miniwob(tmp_path, tasks=["no-such-task"], progress=False)
     with pytest.raises(ValueError, match="unknown keys"):
         build_miniwob(tmp_path, tasks=["click-button"], episodes_per_task={"scriptd": 1})
+
+
+def test_two_recordings_of_the_same_seeds_write_the_same_text(tmp_path: Path) -> None:
+    """The shipped models record the MiniWoB++ data they were fitted on: a rebuild must
+    reproduce it (the env's reward is time-scaled; the dataset keeps the raw one)."""
+    texts = []
+    for run in ("a", "b"):
+        build_miniwob(tmp_path / run, tasks=["click-button"],
+                      episodes_per_task={"scripted": 2, "random": 1}, seed=0, progress=False)
+        files = json.loads((tmp_path / run / "manifest.json").read_text())["files"]
+        texts.append({f: sha for f, sha in files.items() if f.endswith(".jsonl")})
+    assert texts[0] == texts[1] and len(texts[0]) == 2
+    ends = [t for t in read_transitions(tmp_path / "a") if t.meta["done"]]
+    assert ends and all(t.reward in (-1.0, 0.0, 1.0) for t in ends if t.reward is not None)

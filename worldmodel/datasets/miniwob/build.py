@@ -140,7 +140,10 @@ def _record_episode(
         if done:
             root, pixels = browser.capture_final()
             after = Page(page.utterance, page.fields, root, pixels)
-            reward = float(env_reward)
+            # the raw reward: MiniWoB++ scales env_reward by the wall-clock time the episode
+            # took, so two builds of the same seeds would differ in it
+            raw = info.get("raw_reward")
+            reward = float(raw if raw is not None else env_reward)
         else:
             after = page_from(obs, info["root_dom"])
         next_path, next_shot = writer.screen_path(f"{shot_name}-{index + 1}")
@@ -280,8 +283,9 @@ def _manifest(browser: Browser, builder_args: dict[str, Any]) -> Manifest:
             "injected": "always 0: MiniWoB pages carry no injected instructions",
             "next_injected": "always 0",
             "reward": (
-                "the env reward (time-scaled, in [-1, 1]) on the step that ended the episode; "
-                "None on other steps and on episodes cut after max_steps"
+                "the env's raw reward (in [-1, 1]; not scaled by the episode's wall-clock "
+                "time, so builds agree) on the step that ended the episode; None on other "
+                "steps and on episodes cut after max_steps"
             ),
         },
         rule_derived_labels=True,
