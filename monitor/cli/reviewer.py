@@ -61,6 +61,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         lora_layers=args.lora_layers,
         lora_targets=tuple(args.lora_targets),
         balance=not args.no_balance,
+        evidence=args.evidence,
     )
     try:
         out = train_judge(cfg)
@@ -135,6 +136,10 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--no-balance", action="store_true",
                    help="sample examples in the data's proportions instead of half safe, "
                    "half unsafe within each mode (step, trajectory)")
+    t.add_argument("--evidence", action="store_true",
+                   help="show the judge where the action's values come from (the user's "
+                   "task, what the agent read, nowhere) before its question; the bundle "
+                   "records it and is asked the same way")
     t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     t.set_defaults(fn=cmd_train)
     s = rsub.add_parser(

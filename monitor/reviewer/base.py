@@ -117,6 +117,8 @@ class ReviewerConfig:
     # question, for the signal judge_unsafe. None: on when model_path is a judge bundle.
     judge: bool | None = None
     judge_max_chars: int | None = None  # the judge's prompt size (None: the bundle's, or 1200)
+    # openai: the served judge was trained with --evidence (local: read from its bundle)
+    judge_evidence: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -218,6 +220,7 @@ class RubricReviewer:
         self._null: list[float] | None = None
         self._null_lock = threading.Lock()
         self.judge_max_chars = config.judge_max_chars or 1200
+        self.judge_evidence = config.judge_evidence
         self.judged = config.judged  # once: it may look for a bundle on disk
 
     # -- for backends -----------------------------------------------------------------
@@ -238,7 +241,8 @@ class RubricReviewer:
     def _judge(self, step: ScreenStep, deadline: float, mode: str = "step"
                ) -> tuple[float, float]:
         """The judge's P(unsafe) for ``step`` (its ``mode`` question) and what asking cost."""
-        got = self._score([judge_prompt(step, mode=mode, max_chars=self.judge_max_chars)],
+        got = self._score([judge_prompt(step, mode=mode, max_chars=self.judge_max_chars,
+                                        with_evidence=self.judge_evidence)],
                           deadline, JUDGE_ANSWERS)
         self.budget.settle(got.reserved, got.cost)
         [(lu, ls)] = got.logprobs
@@ -256,7 +260,8 @@ class RubricReviewer:
         step = max(1, 2 * int(getattr(self.config, "batch_size", 8)))
         for start in range(0, len(steps), step):
             chunk = steps[start : start + step]
-            prompts = [judge_prompt(s, mode=mode, max_chars=self.judge_max_chars) for s in chunk]
+            prompts = [judge_prompt(s, mode=mode, max_chars=self.judge_max_chars,
+                                    with_evidence=self.judge_evidence) for s in chunk]
             try:
                 got = self._score(prompts, time.monotonic() + self.config.timeout_s,
                                   JUDGE_ANSWERS)

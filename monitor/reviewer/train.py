@@ -72,6 +72,7 @@ def judge_examples(
     exclude_domains: Sequence[str] = (),
     held_out: bool = False,
     balance: bool = False,
+    evidence: bool = False,
 ) -> list[JudgeExample]:
     """Examples of ``splits`` over ``datasets`` (see the module docstring); ``limit``: a
     seeded sample, harmful and benign kept in proportion; ``hard_negatives``: that share of
@@ -105,7 +106,8 @@ def judge_examples(
                 last[t.trajectory_id] = (t, step)
             if weak is not None:
                 continue  # labelled per trajectory only: judged in trajectory mode
-            ex = JudgeExample(judge_prompt(step, max_chars=max_chars), int(t.label),
+            ex = JudgeExample(judge_prompt(step, max_chars=max_chars, with_evidence=evidence),
+                              int(t.label),
                               t.category if t.label else None, "step", domain_of(t), rule)
             out.append(ex)
             if not t.label and rng.random() < hard_negatives:
@@ -113,11 +115,13 @@ def judge_examples(
                 obs = step.step.observation.model_copy(
                     update={"text": f"{step.step.observation.text}\n{note}"})
                 hard = replace(step, step=step.step.model_copy(update={"observation": obs}))
-                out.append(replace(ex, prompt=judge_prompt(hard, max_chars=max_chars),
+                out.append(replace(ex, prompt=judge_prompt(hard, max_chars=max_chars,
+                                                           with_evidence=evidence),
                                    hard_negative=True))
         for tid, (t, step) in last.items():
             out.append(JudgeExample(
-                judge_prompt(step, mode="trajectory", max_chars=max_chars), harmful[tid],
+                judge_prompt(step, mode="trajectory", max_chars=max_chars,
+                             with_evidence=evidence), harmful[tid],
                 (t.category or (t.meta or {}).get("category")) if harmful[tid] else None,
                 "trajectory", domain_of(t), rule))
     if limit is not None and len(out) > limit:
@@ -186,6 +190,7 @@ class JudgeTrainConfig:
     seed: int = 0
     threads: int | None = None
     exclude_domains: tuple[str, ...] = ()  # leave-one-domain-out folds (bench)
+    evidence: bool = False  # argument provenance in words before the question (judge.evidence)
 
     @property
     def learning_rate(self) -> float:
@@ -200,7 +205,7 @@ class JudgeTrainConfig:
 def heldout_examples(cfg: JudgeTrainConfig) -> list[JudgeExample]:
     """The held-out (``val``) examples a run of ``cfg`` measures its loss and verdicts on."""
     return judge_examples(cfg.data, ["val"], limit=cfg.eval_examples, hard_negatives=0.0,
-                          max_chars=cfg.max_chars, seed=cfg.seed + 1)
+                          max_chars=cfg.max_chars, seed=cfg.seed + 1, evidence=cfg.evidence)
 
 
 def _tokenise(tok: Any, examples: Sequence[JudgeExample]) -> list[dict[str, list[int]]]:
@@ -276,7 +281,7 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     t0 = time.perf_counter()
     train = judge_examples(cfg.data, ["train"], limit=cfg.max_examples, max_chars=cfg.max_chars,
                            seed=cfg.seed, exclude_domains=cfg.exclude_domains,
-                           balance=cfg.balance)
+                           balance=cfg.balance, evidence=cfg.evidence)
     val = heldout_examples(cfg)
     if len({e.label for e in train}) < 2:
         raise ValueError(f"{cfg.data}: the train split needs both safe and unsafe examples")

@@ -81,6 +81,23 @@ def test_the_examples_never_come_from_a_held_out_split(small_agentdojo: Path) ->
     assert all(e.prompt.endswith("Verdict:") for e in ex)
 
 
+def test_evidence_tells_the_judge_where_a_hijacked_actions_values_come_from(
+    small_agentdojo: Path,
+) -> None:
+    """``--evidence``: the argument provenance in words, before the question, never cut."""
+    plain = judge_examples([small_agentdojo], ["train"], hard_negatives=0.0, max_chars=300)
+    shown = judge_examples([small_agentdojo], ["train"], hard_negatives=0.0, max_chars=300,
+                           evidence=True)
+    assert len(plain) == len(shown)
+    assert not any("Where the action's values come from" in e.prompt for e in plain)
+    assert all("Where the action's values come from:" in e.prompt and
+               e.prompt.endswith("Verdict:") for e in shown)
+    # a hijacked step's values come from what the agent read, not from the user's task
+    read = [e for e in shown if e.mode == "step" and "in what the agent read" in e.prompt]
+    assert read and np.mean([e.label for e in read]) > np.mean([e.label for e in shown])
+    assert JudgeTrainConfig(data=[], out="", evidence=True).recorded()["evidence"] is True
+
+
 @pytest.fixture(scope="module")
 def judge_server(judge: Judge) -> Iterator[str]:
     """``monitor reviewer serve --judge`` in-process: the served judge's /v1 URL."""

@@ -1,0 +1,81 @@
+"""Does the judge transfer better when it is told where the action's values come from?
+
+    python bench/judge_evidence_bench.py [--examples 400] [--slack-steps 400]
+
+Issue 16. Two LoRA judges on Gemma-3-270M, trained alike on the AgentDojo training suites
+(``$VIGIL_HOME/data/agentdojo``, ``train`` split; ``max_chars`` 800, the top 6 layers, 2
+epochs, half safe and half unsafe), one with ``evidence=True`` (``monitor reviewer train
+--evidence``: the argument provenance in words before the question), one without; each is
+then asked about a seeded sample of the never-trained-on ``test_slack`` steps. Writes
+``bench/results/judge_evidence.json``: training time, slack step AUROC and the share it
+flags at 0.5, for each arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.machine import machine, write_report  # noqa: E402
+
+
+def arm(evidence: bool, data: Path, out: Path, examples: int, slack_steps: int
+        ) -> dict[str, float | int | bool]:
+    from sklearn.metrics import roc_auc_score
+
+    from monitor.calibrate import screen_step_of_transition
+    from monitor.reviewer.judge import Judge
+    from monitor.reviewer.train import JudgeTrainConfig, train_judge
+    from worldmodel.datasets.format import read_transitions
+
+    cfg = JudgeTrainConfig(data=[str(data)], out=str(out), max_examples=examples, epochs=2,
+                           max_chars=800, lora_layers=6, eval_examples=40, threads=2,
+                           evidence=evidence)
+    t0 = time.perf_counter()
+    train_judge(cfg)
+    took = time.perf_counter() - t0
+    rows = list(read_transitions(data, ["test_slack"]))
+    pick = np.random.default_rng(0).choice(len(rows), min(slack_steps, len(rows)), replace=False)
+    steps = [screen_step_of_transition(rows[i], data) for i in pick]
+    y = [int(rows[i].label) for i in pick]
+    p = Judge(out, threads=2).score_steps(steps)
+    return {"evidence": evidence, "examples": examples, "train_s": round(took),
+            "slack_steps": len(y), "slack_harmful": int(sum(y)),
+            "slack_auroc": round(float(roc_auc_score(y, p)), 4),
+            "flagged_share": round(float((p >= 0.5).mean()), 4)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--examples", type=int, default=400)
+    p.add_argument("--slack-steps", type=int, default=400)
+    args = p.parse_args()
+    import vigil.paths
+
+    data = vigil.paths.dataset("agentdojo")
+    load = os.getloadavg()
+    arms = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for evidence in (True, False):
+            name = "evidence" if evidence else "plain"
+            arms[name] = arm(evidence, data, Path(tmp) / name, args.examples, args.slack_steps)
+            print(name, json.dumps(arms[name]), flush=True)
+    write_report(ROOT / "bench" / "results" / "judge_evidence.json", {
+        "bench": "judge_evidence", "command": shlex.join([sys.executable, *sys.argv]),
+        "measured": __doc__, "data": str(data), "arms": arms, "machine": machine(load)})
+
+
+if __name__ == "__main__":
+    main()
