@@ -241,8 +241,7 @@ class RubricReviewer:
     def _judge(self, step: ScreenStep, deadline: float, mode: str = "step"
                ) -> tuple[float, float]:
         """The judge's P(unsafe) for ``step`` (its ``mode`` question) and what asking cost."""
-        got = self._score([judge_prompt(step, mode=mode, max_chars=self.judge_max_chars,
-                                        with_evidence=self.judge_evidence)],
+        got = self._score(self._judge_prompts([step], mode),
                           deadline, JUDGE_ANSWERS)
         self.budget.settle(got.reserved, got.cost)
         [(lu, ls)] = got.logprobs
@@ -251,19 +250,22 @@ class RubricReviewer:
                               "log-probabilities: is the model a judge?")
         return verdict_score(lu, ls), got.cost
 
+    def _judge_prompts(self, steps: Sequence[ScreenStep], mode: str) -> list[str]:
+        return [judge_prompt(s, mode=mode, max_chars=self.judge_max_chars,
+                             with_evidence=self.judge_evidence) for s in steps]
+
     def _judge_many(self, steps: Sequence[ScreenStep], mode: str = "step"
                     ) -> list[tuple[float | None, float]]:
         """:meth:`_judge` for many steps, their prompts scored together (a batch the length
         of the engine's, each batch with one case's timeout): (P(unsafe), cost) each; None
         where the batch timed out or the answer had no verdict token."""
         out: list[tuple[float | None, float]] = []
-        step = max(1, 2 * int(getattr(self.config, "batch_size", 8)))
+        step = max(1, 2 * self.config.batch_size)
         for start in range(0, len(steps), step):
             chunk = steps[start : start + step]
-            prompts = [judge_prompt(s, mode=mode, max_chars=self.judge_max_chars,
-                                    with_evidence=self.judge_evidence) for s in chunk]
             try:
-                got = self._score(prompts, time.monotonic() + self.config.timeout_s,
+                got = self._score(self._judge_prompts(chunk, mode),
+                                  time.monotonic() + self.config.timeout_s,
                                   JUDGE_ANSWERS)
             except (ReviewTimeout, ReviewError):
                 out.extend((None, 0.0) for _ in chunk)
