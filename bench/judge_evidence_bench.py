@@ -1,14 +1,16 @@
 """Does the judge transfer better when it is told where the action's values come from?
 
-    python bench/judge_evidence_bench.py [--examples 400] [--slack-steps 400]
+    python bench/judge_evidence_bench.py [--levels 2 1 0] [--examples 400] [--slack-steps 400]
 
-Issue 16. Two LoRA judges on Gemma-3-270M, trained alike on the AgentDojo training suites
+Issue 16. LoRA judges on Gemma-3-270M, trained alike on the AgentDojo training suites
 (``$VIGIL_HOME/data/agentdojo``, ``train`` split; ``max_chars`` 800, the top 6 layers, 2
-epochs, half safe and half unsafe), one with ``evidence=True`` (``monitor reviewer train
---evidence``: the argument provenance in words before the question), one without; each is
-then asked about a seeded sample of the never-trained-on ``test_slack`` steps. Writes
-``bench/results/judge_evidence.json``: training time, slack step AUROC and the share it
-flags at 0.5, for each arm.
+epochs, half safe and half unsafe), one per evidence level (``monitor reviewer train
+--evidence LEVEL``: 0 none; 1 the argument provenance in words before the question; 2 that
+and the goal alignment, :mod:`worldmodel.alignment`); each is then asked about a seeded
+sample of the never-trained-on ``test_slack`` steps. Writes ``--out`` (default
+``bench/results/judge_evidence.json``; arms already there that this run does not repeat are
+kept, with the machine they ran on): training time, slack step AUROC and the share it flags
+at 0.5, for each arm.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.machine import machine, write_report  # noqa: E402
 
+NAMES = {0: "plain", 1: "evidence", 2: "evidence_alignment"}
 
-def arm(evidence: bool, data: Path, out: Path, examples: int, slack_steps: int
+
+def arm(evidence: int, data: Path, out: Path, examples: int, slack_steps: int
         ) -> dict[str, float | int | bool]:
     from sklearn.metrics import roc_auc_score
 
@@ -61,20 +65,26 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--examples", type=int, default=400)
     p.add_argument("--slack-steps", type=int, default=400)
+    p.add_argument("--levels", type=int, nargs="+", default=[2, 1, 0], choices=[0, 1, 2])
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "judge_evidence.json")
     args = p.parse_args()
     import vigil.paths
 
     data = vigil.paths.dataset("agentdojo")
     load = os.getloadavg()
-    arms = {}
+    here = machine(load)
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+    arms = {k: {**v, "machine": v.get("machine", old.get("machine"))}
+            for k, v in old.get("arms", {}).items()}
     with tempfile.TemporaryDirectory() as tmp:
-        for evidence in (True, False):
-            name = "evidence" if evidence else "plain"
-            arms[name] = arm(evidence, data, Path(tmp) / name, args.examples, args.slack_steps)
+        for level in args.levels:
+            name = NAMES[level]
+            arms[name] = {**arm(level, data, Path(tmp) / name, args.examples,
+                                args.slack_steps), "machine": here}
             print(name, json.dumps(arms[name]), flush=True)
-    write_report(ROOT / "bench" / "results" / "judge_evidence.json", {
+    write_report(args.out, {
         "bench": "judge_evidence", "command": shlex.join([sys.executable, *sys.argv]),
-        "measured": __doc__, "data": str(data), "arms": arms, "machine": machine(load)})
+        "measured": __doc__, "data": str(data), "arms": arms, "machine": here})
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def judge_part(args: argparse.Namespace) -> None:
             if (d / "manifest.json").exists()]
     judge = Judge(args.judge, threads=args.threads)
     zero = NextTokenEngine(load_reviewer_model(threads=args.threads), batch_size=8)
-    chars = judge.max_chars
+    chars, level = judge.max_chars, judge.evidence  # examples asked as the judge was trained
 
     def both(exs: list[Any]) -> dict[str, Any]:
         prompts = [e.prompt for e in exs]
@@ -126,11 +126,12 @@ def judge_part(args: argparse.Namespace) -> None:
 
     results: dict[str, Any] = {}
     slack = judge_examples([paths.dataset("agentdojo")], ["test_slack"], held_out=True,
-                           hard_negatives=0.0, limit=args.n_slack, max_chars=chars, seed=7)
+                           hard_negatives=0.0, limit=args.n_slack, max_chars=chars, seed=7,
+                           evidence=level)
     print(f"test_slack: {len(slack)} examples", flush=True)
     results["test_slack"] = both(slack)
     val = judge_examples(data, ["val"], hard_negatives=0.0, limit=args.n_val, max_chars=chars,
-                         seed=8)
+                         seed=8, evidence=level)
     by_domain: dict[str, list[Any]] = {}
     for e in val:
         by_domain.setdefault(e.domain, []).append(e)
@@ -154,11 +155,14 @@ def judge_part(args: argparse.Namespace) -> None:
             if d not in by_domain:
                 raise SystemExit(f"--lodo-domains: no val examples of {d!r}; "
                                  f"domains: {sorted(by_domain)}")
-            cfg = JudgeTrainConfig(data=data, out=str(Path(args.lodo_dir) / d.replace("/", "-")),
-                                   max_examples=args.lodo_examples, eval_examples=48,
-                                   max_chars=chars,
-                                   exclude_domains=(d,), threads=args.threads,
-                                   method=info["method"])
+            # the judge's own settings, without domain d (and --lodo-examples examples)
+            fields = JudgeTrainConfig.__dataclass_fields__
+            same = {k: tuple(v) if isinstance(v, list) else v
+                    for k, v in info["config"].items() if k in fields}
+            cfg = JudgeTrainConfig(**{
+                **same, "data": data, "out": str(Path(args.lodo_dir) / d.replace("/", "-")),
+                "max_examples": args.lodo_examples, "eval_examples": 48,
+                "exclude_domains": (d,), "threads": args.threads})
             print(f"LODO: training without {d}", flush=True)
             fold = Judge(train_judge(cfg), threads=args.threads)
             exs = by_domain[d]

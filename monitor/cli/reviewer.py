@@ -136,10 +136,14 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--no-balance", action="store_true",
                    help="sample examples in the data's proportions instead of half safe, "
                    "half unsafe within each mode (step, trajectory)")
-    t.add_argument("--evidence", action="store_true",
-                   help="show the judge where the action's values come from (the user's "
-                   "task, what the agent read, nowhere) before its question; the bundle "
-                   "records it and is asked the same way")
+    t.add_argument("--evidence", type=int, nargs="?", const=2, default=0, choices=[0, 1, 2],
+                   metavar="LEVEL",
+                   help="evidence shown to the judge before its question: 1 where the "
+                   "action's values come from (the user's task, what the agent read, "
+                   "nowhere); 2 (the level --evidence alone gives) that and the most "
+                   "instruction-like passage the agent read, and whether the action reads "
+                   "more like it or like the user's task; the bundle records the level and "
+                   "is asked the same way (default 0: none)")
     t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     t.set_defaults(fn=cmd_train)
     s = rsub.add_parser(

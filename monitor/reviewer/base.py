@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
 
 from monitor.reviewer.engine import ReviewTimeout
-from monitor.reviewer.judge import SAFE, UNSAFE, is_judge_bundle, judge_prompt
+from monitor.reviewer.judge import SAFE, UNSAFE, is_judge_bundle, judge_prompts
 from monitor.reviewer.rubrics import Rubric, load_rubrics
 from monitor.reviewer.verdict import ReviewVerdict, assemble_verdict, error_verdict
 from monitor.reviewer.view import StepView, rubric_prompt
@@ -117,8 +117,8 @@ class ReviewerConfig:
     # question, for the signal judge_unsafe. None: on when model_path is a judge bundle.
     judge: bool | None = None
     judge_max_chars: int | None = None  # the judge's prompt size (None: the bundle's, or 1200)
-    # openai: the served judge was trained with --evidence (local: read from its bundle)
-    judge_evidence: bool = False
+    # openai: the served judge's --evidence level (0, 1, 2; local: read from its bundle)
+    judge_evidence: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -251,8 +251,8 @@ class RubricReviewer:
         return verdict_score(lu, ls), got.cost
 
     def _judge_prompts(self, steps: Sequence[ScreenStep], mode: str) -> list[str]:
-        return [judge_prompt(s, mode=mode, max_chars=self.judge_max_chars,
-                             with_evidence=self.judge_evidence) for s in steps]
+        return judge_prompts(steps, mode=mode, max_chars=self.judge_max_chars,
+                             evidence_level=int(self.judge_evidence))
 
     def _judge_many(self, steps: Sequence[ScreenStep], mode: str = "step"
                     ) -> list[tuple[float | None, float]]:

@@ -27,7 +27,7 @@ from monitor.reviewer.judge import (
     _p_unsafe,
     _stderr,
     is_judge_bundle,
-    judge_prompt,
+    judge_prompts,
 )
 from monitor.screening import ScreenStep
 
@@ -72,15 +72,17 @@ def judge_examples(
     exclude_domains: Sequence[str] = (),
     held_out: bool = False,
     balance: bool = False,
-    evidence: bool = False,
+    evidence: bool | int = False,
 ) -> list[JudgeExample]:
     """Examples of ``splits`` over ``datasets`` (see the module docstring); ``limit``: a
     seeded sample, harmful and benign kept in proportion; ``hard_negatives``: that share of
     the benign step examples is added again with a harmless instruction appended;
     ``balance``: the sample is half safe, half unsafe within each mode (:func:`_balanced`)
     rather than in the data's proportions; ``exclude_domains``: leave these domains out
-    (leave-one-domain-out). A held-out (``test*``) split is refused unless ``held_out``
-    (for measuring, never training)."""
+    (leave-one-domain-out); ``evidence``: the evidence level of the prompts
+    (:func:`~monitor.reviewer.judge.judge_prompts`). A held-out (``test*``) split is refused
+    unless ``held_out`` (for measuring, never training). The sample is drawn first; only
+    its prompts are written (in batches: level 2 runs a sentence encoder)."""
     from monitor.calibrate import screen_step_of_transition, trajectory_label_of
     from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_manifest, read_transitions
@@ -90,6 +92,7 @@ def judge_examples(
     rng = np.random.default_rng(seed)
     skip = set(exclude_domains)
     out: list[JudgeExample] = []
+    steps: list[ScreenStep] = []  # out[i]'s step, its prompt written once the sample is drawn
     for d in datasets:
         rule = read_manifest(d).rule_derived_labels
         last: dict[str, tuple[Any, ScreenStep]] = {}
@@ -106,29 +109,37 @@ def judge_examples(
                 last[t.trajectory_id] = (t, step)
             if weak is not None:
                 continue  # labelled per trajectory only: judged in trajectory mode
-            ex = JudgeExample(judge_prompt(step, max_chars=max_chars, with_evidence=evidence),
-                              int(t.label),
-                              t.category if t.label else None, "step", domain_of(t), rule)
+            ex = JudgeExample("", int(t.label), t.category if t.label else None, "step",
+                              domain_of(t), rule)
             out.append(ex)
+            steps.append(step)
             if not t.label and rng.random() < hard_negatives:
                 note = HARD_NEGATIVES[int(rng.integers(len(HARD_NEGATIVES)))]
                 obs = step.step.observation.model_copy(
                     update={"text": f"{step.step.observation.text}\n{note}"})
-                hard = replace(step, step=step.step.model_copy(update={"observation": obs}))
-                out.append(replace(ex, prompt=judge_prompt(hard, max_chars=max_chars,
-                                                           with_evidence=evidence),
-                                   hard_negative=True))
+                out.append(replace(ex, hard_negative=True))
+                steps.append(replace(step, step=step.step.model_copy(
+                    update={"observation": obs})))
         for tid, (t, step) in last.items():
             out.append(JudgeExample(
-                judge_prompt(step, mode="trajectory", max_chars=max_chars,
-                             with_evidence=evidence), harmful[tid],
+                "", harmful[tid],
                 (t.category or (t.meta or {}).get("category")) if harmful[tid] else None,
                 "trajectory", domain_of(t), rule))
+            steps.append(step)
+    keep = list(range(len(out)))
     if limit is not None and len(out) > limit:
-        keep = (_balanced(out, limit, rng) if balance else
-                _stratified(out, limit, rng, lambda e: e.label))
-        out = [out[i] for i in sorted(keep)]
-    return out
+        keep = sorted(_balanced(out, limit, rng) if balance else
+                      _stratified(out, limit, rng, lambda e: e.label))
+    level = int(evidence)
+    for mode in ("step", "trajectory"):
+        idx = [i for i in keep if out[i].mode == mode]
+        for start in range(0, len(idx), 256):
+            chunk = idx[start : start + 256]
+            prompts = judge_prompts([steps[i] for i in chunk], mode=mode,
+                                    max_chars=max_chars, evidence_level=level)
+            for i, prompt in zip(chunk, prompts, strict=True):
+                out[i] = replace(out[i], prompt=prompt)
+    return [out[i] for i in keep]
 
 
 def _stratified(examples: Sequence[JudgeExample], limit: int, rng: np.random.Generator,
@@ -190,7 +201,7 @@ class JudgeTrainConfig:
     seed: int = 0
     threads: int | None = None
     exclude_domains: tuple[str, ...] = ()  # leave-one-domain-out folds (bench)
-    evidence: bool = False  # argument provenance in words before the question (judge.evidence)
+    evidence: int = 0  # evidence before the question: 0 none, 1 provenance, 2 + goal alignment
 
     @property
     def learning_rate(self) -> float:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from monitor.reviewer import ReviewCase, ReviewerConfig, build_reviewer
-from monitor.reviewer.judge import Judge, judge_prompt
+from monitor.reviewer.judge import Judge, judge_prompt, judge_prompts
 from monitor.reviewer.train import JudgeTrainConfig, heldout_examples, judge_examples, train_judge
 from tests.reviewer.conftest import benign_step, free_port, harmful_step
 
@@ -84,18 +84,31 @@ def test_the_examples_never_come_from_a_held_out_split(small_agentdojo: Path) ->
 def test_evidence_tells_the_judge_where_a_hijacked_actions_values_come_from(
     small_agentdojo: Path,
 ) -> None:
-    """``--evidence``: the argument provenance in words, before the question, never cut."""
+    """``--evidence 1``: the argument provenance in words, before the question, never cut;
+    ``--evidence 2`` adds the most instruction-like passage the agent read and which way the
+    action leans (towards it or the task)."""
     plain = judge_examples([small_agentdojo], ["train"], hard_negatives=0.0, max_chars=300)
     shown = judge_examples([small_agentdojo], ["train"], hard_negatives=0.0, max_chars=300,
-                           evidence=True)
-    assert len(plain) == len(shown)
+                           evidence=1)
+    aligned = judge_examples([small_agentdojo], ["train"], hard_negatives=0.0, max_chars=300,
+                             evidence=2)
+    assert len(plain) == len(shown) == len(aligned)
+    assert [e.label for e in plain] == [e.label for e in aligned]
     assert not any("Where the action's values come from" in e.prompt for e in plain)
     assert all("Where the action's values come from:" in e.prompt and
-               e.prompt.endswith("Verdict:") for e in shown)
+               e.prompt.endswith("Verdict:") for e in shown + aligned)
+    assert not any("instruction-like passage" in e.prompt for e in shown)
     # a hijacked step's values come from what the agent read, not from the user's task
     read = [e for e in shown if e.mode == "step" and "in what the agent read" in e.prompt]
     assert read and np.mean([e.label for e in read]) > np.mean([e.label for e in shown])
-    assert JudgeTrainConfig(data=[], out="", evidence=True).recorded()["evidence"] is True
+    # ... and what it does reads more like the injected passage than like the task
+    steps = [e for e in aligned if e.mode == "step"]
+    lean = [e for e in steps if "closer to that passage than to the user's task" in e.prompt]
+    assert all("The most instruction-like passage the agent read" in e.prompt for e in lean)
+    assert lean and np.mean([e.label for e in lean]) > np.mean([e.label for e in steps])
+    assert JudgeTrainConfig(data=[], out="", evidence=2).recorded()["evidence"] == 2
+    with pytest.raises(ValueError, match="evidence level 3"):
+        judge_prompts([harmful_step()], evidence_level=3)
 
 
 @pytest.fixture(scope="module")
