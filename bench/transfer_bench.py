@@ -1,6 +1,6 @@
 """Transfer bench: does detection carry to tools and harms it was not trained on?
 
-    python bench/transfer_bench.py [--families rules,provenance,minilm,drift,likelihood]
+    python bench/transfer_bench.py [--families rules,provenance,alignment,minilm,drift,likelihood]
         [--slack-limit 3000] [--attacks-limit 3000] [--toolemu-cv 5]
 
 The protocol is :mod:`monitor.transfer` (leave-one-domain-out; thresholds from the other
@@ -50,7 +50,8 @@ from monitor.transfer import (  # noqa: E402
 from vigil import paths  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-ALL_FAMILIES = ("rules", "injection", "provenance", "minilm", "drift", "likelihood")
+ALL_FAMILIES = ("rules", "injection", "provenance", "alignment", "minilm", "drift",
+                "likelihood")
 DEFAULT_FAMILIES = ("rules", "injection", "provenance")
 
 
@@ -116,6 +117,21 @@ def provenance_features(corpus: Corpus) -> np.ndarray:
     return np.asarray(X)
 
 
+def alignment_features(corpus: Corpus) -> np.ndarray:
+    """Goal alignment (:mod:`worldmodel.alignment`): the action's similarity to the most
+    instruction-like passage the agent read and to the task, their difference (0 where
+    nothing read has an instruction cue), that passage's instruction-likeness."""
+    from worldmodel.alignment import goal_alignment
+
+    enc = _encoder()
+    out = goal_alignment(corpus.steps, enc)
+    enc.save()
+    has = np.array([bool(a.instruction.text) for a in out], dtype=float)
+    return np.column_stack([[a.to_passage for a in out], [a.to_task for a in out],
+                            has * [a.lean for a in out], [a.instruction.score for a in out],
+                            has])
+
+
 DRIFT_LAYERS = (10, 11, 12)  # what `monitor probes train-drift` chose by LODO on AgentDojo
 
 
@@ -140,6 +156,8 @@ def likelihood_features(corpus: Corpus) -> np.ndarray:
 FEATURES: dict[str, tuple[int, Callable[[Corpus], np.ndarray], float, str]] = {
     "rules": (0, rules_features, 1.0, "L0 text rules (destructive, new recipient, marker)"),
     "provenance": (0, provenance_features, 1.0, "L0 argument provenance features"),
+    "alignment": (0, alignment_features, 1.0,
+                  "L0 goal alignment: the action nearer the injected passage or the task"),
     "minilm": (0, minilm_features, 0.05, "MiniLM embeddings of action and observation"),
     "drift": (1, drift_features, 0.1, "L1 task drift: Gemma hidden-state deltas"),
     "likelihood": (1, likelihood_features, 1.0, "L1 task-masked action likelihood under Gemma"),

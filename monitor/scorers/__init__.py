@@ -14,6 +14,7 @@ L0     :class:`~.worldmodel.WorldModelSignals`     ``wm_*`` (surprise, harm)
 L0     :class:`~.rules.RuleSignals`                ``rule_*`` (cheap text rules)
 L0     :class:`~.rlhealth.RLHealthSignals`         ``rl_*`` (RL rollout health)
 L0     :class:`~.provenance.ProvenanceSignals`     ``prov_*`` (argument provenance)
+L0     :class:`~.alignment.AlignmentSignals`       ``goal_lean`` (goal alignment; opt-in)
 L1     :class:`~.probes.ProbeSignals`              ``probe_harm``
 L1     :class:`~.drift.DriftSignals`               ``drift_task`` (opt-in)
 L1     :class:`~.likelihood.LikelihoodSignals`     ``lm_task_gain`` (opt-in)

@@ -45,3 +45,22 @@ def test_steps_that_pursue_the_injection_lean_towards_it(steps: list[Transition]
         if len(set(y[m])) == 2:
             assert auroc(y[m], lean[m]) > 0.7, suite
     assert goal_alignment([], text_encoder("minilm")) == []
+
+
+def test_the_l0_scorer_gives_goal_lean_in_unit_range(small_agentdojo: Path,
+                                                     steps: list[Transition]) -> None:
+    """``goal_lean`` (opt-in L0 signal): in [0, 1], 0 before the agent has read anything
+    instruction-like, higher on the steps that pursue an injection."""
+    from monitor.calibrate import screen_step_of_transition
+    from monitor.scorers import default_signals, scorers_of, tier_signals
+    from monitor.scorers.alignment import AlignmentSignals
+
+    scorer = AlignmentSignals.load({})
+    got = scorer.score_steps([screen_step_of_transition(t, small_agentdojo) for t in steps])
+    lean = np.array([d["goal_lean"] for d in got])
+    assert lean.shape == (len(steps),) and ((lean >= 0) & (lean <= 1)).all()
+    assert all(v == 0 for v, t in zip(lean, steps, strict=True) if t.index == 0)
+    y = np.array([t.label for t in steps])
+    assert lean[y == 1].mean() > lean[y == 0].mean()
+    assert AlignmentSignals in scorers_of(0) and "goal_lean" in tier_signals(0)
+    assert "goal_lean" not in default_signals()[0]  # opt-in: a policy names it
