@@ -1,10 +1,11 @@
 """Does the judge transfer better when it is told where the action's values come from?
 
     python bench/judge_evidence_bench.py [--levels 2 1 0] [--examples 400] [--slack-steps 400]
+        [--max-chars 800] [--epochs 2]
 
 Issue 16. LoRA judges on Gemma-3-270M, trained alike on the AgentDojo training suites
-(``$VIGIL_HOME/data/agentdojo``, ``train`` split; ``max_chars`` 800, the top 6 layers, 2
-epochs, half safe and half unsafe), one per evidence level (``monitor reviewer train
+(``$VIGIL_HOME/data/agentdojo``, ``train`` split; ``--max-chars`` 800, the top 6 layers,
+``--epochs`` 2, half safe and half unsafe), one per evidence level (``monitor reviewer train
 --evidence LEVEL``: 0 none; 1 the argument provenance in words before the question; 2 that
 and the goal alignment, :mod:`worldmodel.alignment`); each is then asked about a seeded
 sample of the never-trained-on ``test_slack`` steps. Writes ``--out`` (default
@@ -34,8 +35,8 @@ from bench.machine import machine, write_report  # noqa: E402
 NAMES = {0: "plain", 1: "evidence", 2: "evidence_alignment"}
 
 
-def arm(evidence: int, data: Path, out: Path, examples: int, slack_steps: int
-        ) -> dict[str, float | int | bool]:
+def arm(evidence: int, data: Path, out: Path, examples: int, slack_steps: int,
+        max_chars: int = 800, epochs: float = 2.0) -> dict[str, float | int | bool]:
     from sklearn.metrics import roc_auc_score
 
     from monitor.calibrate import screen_step_of_transition
@@ -43,8 +44,8 @@ def arm(evidence: int, data: Path, out: Path, examples: int, slack_steps: int
     from monitor.reviewer.train import JudgeTrainConfig, train_judge
     from worldmodel.datasets.format import read_transitions
 
-    cfg = JudgeTrainConfig(data=[str(data)], out=str(out), max_examples=examples, epochs=2,
-                           max_chars=800, lora_layers=6, eval_examples=40, threads=2,
+    cfg = JudgeTrainConfig(data=[str(data)], out=str(out), max_examples=examples, epochs=epochs,
+                           max_chars=max_chars, lora_layers=6, eval_examples=40, threads=2,
                            evidence=evidence)
     t0 = time.perf_counter()
     train_judge(cfg)
@@ -54,7 +55,8 @@ def arm(evidence: int, data: Path, out: Path, examples: int, slack_steps: int
     steps = [screen_step_of_transition(rows[i], data) for i in pick]
     y = [int(rows[i].label) for i in pick]
     p = Judge(out, threads=2).score_steps(steps)
-    return {"evidence": evidence, "examples": examples, "train_s": round(took),
+    return {"evidence": evidence, "examples": examples, "max_chars": max_chars,
+            "epochs": epochs, "train_s": round(took),
             "slack_steps": len(y), "slack_harmful": int(sum(y)),
             "slack_auroc": round(float(roc_auc_score(y, p)), 4),
             "flagged_share": round(float((p >= 0.5).mean()), 4)}
@@ -65,6 +67,8 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--examples", type=int, default=400)
     p.add_argument("--slack-steps", type=int, default=400)
+    p.add_argument("--max-chars", type=int, default=800)
+    p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--levels", type=int, nargs="+", default=[2, 1, 0], choices=[0, 1, 2])
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "judge_evidence.json")
     args = p.parse_args()
@@ -78,12 +82,14 @@ def main() -> None:
             for k, v in old.get("arms", {}).items()}
     with tempfile.TemporaryDirectory() as tmp:
         for level in args.levels:
-            name = NAMES[level]
-            arms[name] = {**arm(level, data, Path(tmp) / name, args.examples,
-                                args.slack_steps), "machine": here}
+            name = NAMES[level] + ("" if (args.max_chars, args.epochs) == (800, 2.0) else
+                                   f"_{args.max_chars}chars_{args.epochs:g}epochs")
+            arms[name] = {**arm(level, data, Path(tmp) / name, args.examples, args.slack_steps,
+                                args.max_chars, args.epochs),
+                          "command": shlex.join([sys.executable, *sys.argv]), "machine": here}
             print(name, json.dumps(arms[name]), flush=True)
     write_report(args.out, {
-        "bench": "judge_evidence", "command": shlex.join([sys.executable, *sys.argv]),
+        "bench": "judge_evidence", "command": "per arm (arms[*].command)",
         "measured": __doc__, "data": str(data), "arms": arms, "machine": here})
 
 

@@ -155,12 +155,13 @@ def judge_part(args: argparse.Namespace) -> None:
             if d not in by_domain:
                 raise SystemExit(f"--lodo-domains: no val examples of {d!r}; "
                                  f"domains: {sorted(by_domain)}")
-            # the judge's own settings, without domain d (and --lodo-examples examples)
+            # the judge's own data and settings, without domain d (--lodo-examples examples)
             fields = JudgeTrainConfig.__dataclass_fields__
             same = {k: tuple(v) if isinstance(v, list) else v
                     for k, v in info["config"].items() if k in fields}
             cfg = JudgeTrainConfig(**{
-                **same, "data": data, "out": str(Path(args.lodo_dir) / d.replace("/", "-")),
+                **same, "data": info.get("data") or data,
+                "out": str(Path(args.lodo_dir) / d.replace("/", "-")),
                 "max_examples": args.lodo_examples, "eval_examples": 48,
                 "exclude_domains": (d,), "threads": args.threads})
             print(f"LODO: training without {d}", flush=True)
