@@ -54,7 +54,13 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
 
 from monitor.reviewer.engine import ReviewTimeout
-from monitor.reviewer.judge import SAFE, UNSAFE, is_judge_bundle, judge_prompts
+from monitor.reviewer.judge import (
+    EVIDENCE_LEVELS,
+    SAFE,
+    UNSAFE,
+    is_judge_bundle,
+    judge_prompts,
+)
 from monitor.reviewer.rubrics import Rubric, load_rubrics
 from monitor.reviewer.verdict import ReviewVerdict, assemble_verdict, error_verdict
 from monitor.reviewer.view import StepView, rubric_prompt
@@ -139,6 +145,9 @@ class ReviewerConfig:
              "the openai backend needs base_url (e.g. http://127.0.0.1:8001/v1)"),
             (self.judge_max_chars is None or self.judge_max_chars >= 200,
              f"judge_max_chars must be >= 200 (got {self.judge_max_chars})"),
+            (self.judge_evidence in EVIDENCE_LEVELS,
+             f"judge_evidence must be one of {list(EVIDENCE_LEVELS)} (got "
+             f"{self.judge_evidence!r})"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -109,6 +109,8 @@ def test_evidence_tells_the_judge_where_a_hijacked_actions_values_come_from(
     assert JudgeTrainConfig(data=[], out="", evidence=2).recorded()["evidence"] == 2
     with pytest.raises(ValueError, match="evidence level 3"):
         judge_prompts([harmful_step()], evidence_level=3)
+    with pytest.raises(ValueError, match="judge_evidence must be one of"):
+        ReviewerConfig(judge_evidence=3)
 
 
 @pytest.fixture(scope="module")
