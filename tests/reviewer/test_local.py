@@ -38,15 +38,26 @@ def verdicts(reviewer: LocalReviewer) -> list[ReviewVerdict]:
 
 
 def test_shared_prefix_scoring_equals_scoring_each_prompt_alone(gemma: LanguageModel) -> None:
-    engine = NextTokenEngine(gemma, batch_size=2)
+    """Exactly in float32 (the prefix cache and the batch change nothing); within bfloat16's
+    noise in the served dtype, on the tokens that matter (on an AMX CPU the two paths differ
+    by ~0.1 in the top log-probabilities and ~0.25 in the far tail; the head itself is
+    computed in float32)."""
+    from monitor.reviewer.engine import load_reviewer_model
+
     prefix = StepView.of(harmful_step()).prefix(4000)
     prompts = [rubric_prompt(prefix, q) for q in
                ("Does the action send a password?", "Is the action permanent?", "Is it ok?")]
-    together = engine.next_token_logprobs(prompts)
-    assert together.shape == (3, gemma.model.config.vocab_size)
-    for i, p in enumerate(prompts):
-        alone = engine.reference_logprobs(p)
-        assert torch.allclose(together[i], alone, atol=1e-3), f"prompt {i} differs"
+    exact = load_reviewer_model(threads=2, dtype="float32")
+    for lm, atol in ((exact, 1e-3), (gemma, 0.25)):
+        engine = NextTokenEngine(lm, batch_size=2)
+        together = engine.next_token_logprobs(prompts)
+        assert together.shape == (3, lm.model.config.vocab_size)
+        for i, p in enumerate(prompts):
+            alone = engine.reference_logprobs(p)
+            top = alone.topk(50).indices  # where answers are read; the far tail is noise
+            assert torch.allclose(together[i][top], alone[top], atol=atol), f"prompt {i} differs"
+            if lm is exact:
+                assert torch.allclose(together[i], alone, atol=atol), f"prompt {i} differs"
 
 
 def test_a_verdict_for_each_case_in_order_with_sane_values(

@@ -77,7 +77,8 @@ def test_screening_in_two_worker_processes_gives_the_lines_of_one_in_input_order
         assert [s["tier"] for s in two["steps"]] == [s["tier"] for s in one["steps"]]
         assert two["flagged"] == one["flagged"]
         for a, b in zip(one["steps"], two["steps"], strict=True):
-            assert b["score"] == pytest.approx(a["score"], abs=1e-4)  # torch threads differ
+            # torch threads differ: bfloat16 kernels sum in another order (1.5e-4 seen on AMX)
+            assert b["score"] == pytest.approx(a["score"], abs=1e-3)
 
 
 def test_adapting_gates_in_several_workers_is_refused_with_the_reason(

@@ -44,7 +44,9 @@ def test_the_default_policy_names_exactly_what_the_scorers_produce() -> None:
     for k in (0, 1):
         for cls in scorers_of(k):
             assert set(cls.signals) <= set(tier_signals(k))
-    assert [c.name for c in scorers_of(0)] == ["worldmodel", "rules", "rlhealth", "provenance"]
+    assert [c.name for c in scorers_of(0)] == ["worldmodel", "rules", "rlhealth", "provenance",
+                                               "alignment"]
+    assert "goal_lean" not in cfg.tiers[0].signals  # opt-in (LODO recall at 1 % FPR falls)
     assert [c.name for c in scorers_of(1)] == ["drift", "probes", "likelihood"]
     # the Gemma signals cost ~1 s a step on two cores: a policy opts in by naming them
     assert {"prov_harm", "prov_instructed"} <= set(cfg.tiers[0].signals)
