@@ -69,9 +69,12 @@ def test_reviewer_over_the_real_server_matches_the_local_backend(
     assert v.error is None, v.error
     assert (v.backend, v.model) == ("openai", "gemma-test")  # the name from GET /models
     local = {s.rubric_id: s.score for s in local_uncalibrated.rubrics}
-    for s in v.rubrics:  # same model, same prompts: the same scores through HTTP
-        assert s.score == pytest.approx(local[s.rubric_id], abs=0.02), s.rubric_id
-    assert v.coverage == pytest.approx(local_uncalibrated.coverage, abs=0.02)
+    # same model, same prompts: the same scores through HTTP, within bfloat16 noise (the
+    # server scores each prompt alone, the local backend batches them on a shared prefix:
+    # 0.022 seen on an AMX CPU; float32 agrees exactly, tests/reviewer/test_local.py)
+    for s in v.rubrics:
+        assert s.score == pytest.approx(local[s.rubric_id], abs=0.05), s.rubric_id
+    assert v.coverage == pytest.approx(local_uncalibrated.coverage, abs=0.05)
     # priced from the server's usage: ~20 prompts of a few hundred tokens, one token out each
     assert 0.5 < v.cost < 10 * 0.5
     assert set(v.signals()) == {"rv_coverage", "rv_precision", "rv_fbeta"}
@@ -103,7 +106,7 @@ def test_a_server_that_fails_once_is_retried(
         [v] = rv.review([ReviewCase(benign_step())])
     assert v.error is None, v.error
     assert rec.requests == 2
-    assert v.coverage == pytest.approx(local_uncalibrated.coverage, abs=0.02)
+    assert v.coverage == pytest.approx(local_uncalibrated.coverage, abs=0.05)  # bf16 noise
 
 
 def test_retries_give_up_with_a_clear_error() -> None:
