@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,8 @@ import numpy as np
 from worldmodel.provenance import ProvenanceStep, _passages, _source
 
 PASSAGE_CHARS = 400
+# a trajectory's sources recur at every later step: split each once (_source is cached too)
+_split = lru_cache(maxsize=256)(_passages)
 ACTION_CHARS = 300
 TASK_CHARS = 400
 
@@ -54,7 +57,7 @@ def top_instruction(step: Any) -> Instruction:
     for text, back in ps.sources:
         if not text:
             continue
-        src, parts = _source(text), _passages(text)
+        src, parts = _source(text), _split(text)
         if src.norm == task:
             continue  # the task shown as the first observation: the user's, not read
         for i, score in enumerate(src.scores):
