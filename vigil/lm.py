@@ -180,6 +180,9 @@ def resolve_dtype(dtype: str | None) -> str:
     raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
 def load_language_model(
     path: str | Path | None = None,
     *,
@@ -206,6 +209,10 @@ def load_language_model(
     folder = Path(path) if path else convert_default_model(log=log)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder}: not a Hugging Face model folder (no config.json)")
+    if not any((folder / f).exists() for f in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer that reads every text as <unk>
+        raise FileNotFoundError(f"{folder}: no tokenizer files (expected one of "
+                                f"{', '.join(TOKENIZER_FILES)})")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -414,6 +414,8 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     seconds = time.perf_counter() - t0
     weights = out / "weights"
     model.save_pretrained(str(weights), safe_serialization=True)
+    if cfg.method == "full":  # a whole model folder: it loads with its own tokenizer
+        tok.save_pretrained(str(weights))
     info = {
         "format": FORMAT,
         "method": cfg.method,

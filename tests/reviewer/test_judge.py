@@ -66,6 +66,34 @@ def test_the_reloaded_bundle_gives_the_verdicts_it_gave_in_training(
     np.testing.assert_allclose(judge.p_unsafe(prompts), info["heldout"]["p_unsafe"], atol=0.05)
 
 
+def test_a_fully_fine_tuned_judge_reloads_to_the_verdicts_it_gave_in_training(
+    small_agentdojo: Path, tmp_path: Path
+) -> None:
+    """``method="full"``: the bundle is a whole model folder, tokenizer included (without it
+    transformers built an empty tokenizer that read every prompt as one unknown token, and
+    every verdict came back 0.5)."""
+    cfg = JudgeTrainConfig(data=[str(small_agentdojo)], out=str(tmp_path / "full"),
+                           method="full", max_examples=8, eval_examples=8, batch_size=4,
+                           grad_accum=1, epochs=1, max_chars=300, save_steps=100, threads=2)
+    bundle = train_judge(cfg, log=lambda _: None)
+    info = json.loads((bundle / "judge.json").read_text())
+    names = {p.name for p in (bundle / "weights").iterdir()}
+    assert "model.safetensors" in names and "tokenizer.json" in names, names
+    prompts = [e.prompt for e in heldout_examples(cfg)]
+    trained = np.array(info["heldout"]["p_unsafe"])
+    assert np.ptp(trained) > 1e-3  # the prompts are told apart
+    reloaded = Judge(bundle, threads=2, dtype="float32").p_unsafe(prompts)
+    np.testing.assert_allclose(reloaded, trained, atol=1e-4)
+
+
+def test_a_model_folder_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
+    from vigil.lm import load_language_model
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):
+        load_language_model(tmp_path)
+
+
 def test_after_a_small_training_it_ranks_a_real_attack_above_a_benign_step(judge: Judge) -> None:
     harmful, benign = judge.score_steps([harmful_step(), benign_step()])
     assert harmful > benign, (harmful, benign)
