@@ -200,7 +200,7 @@ def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
     from monitor.tiers import CalibratedPolicy, policy_config_from_dict
 
     config = with_judge(policy_config_from_dict(
-        {"tiers": {"L0": {"budget": 0.5}, "L1": {"budget": 0.1}, "L2": {"budget": 0.05}}}),
+        {"tiers": {"L0": {"budget": 0.5}, "L1": {"budget": 0.3}, "L2": {"budget": 0.2}}}),
         judge_bundle)
     assert config.tiers[2].signals[-1] == "judge_unsafe"
     assert config.tiers[2].reviewer == {"backend": "local", "model_path": str(judge_bundle)}
