@@ -56,6 +56,18 @@ def _head_float32(head: Any, h: Any) -> Any:
     return out + bias.float() if bias is not None else out
 
 
+def _next_logprobs(model: Any, h: Any) -> Any:
+    """Next-token log-probabilities from last hidden states ``h``: the head in float32,
+    then the model's final logit soft-capping (Gemma's), then log-softmax."""
+    import torch
+
+    logits = _head_float32(model.lm_head, h)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return torch.log_softmax(logits, dim=-1)
+
+
 class ReviewTimeout(TimeoutError):
     """The review did not finish before its deadline."""
 
@@ -172,11 +184,7 @@ class NextTokenEngine:
             ).last_hidden_state
             last = torch.tensor([len(c) - 1 for c in chunk])
             h = hidden[torch.arange(b), last]
-            logits = _head_float32(model.lm_head, h)
-            cap = getattr(model.config, "final_logit_softcapping", None)
-            if cap:
-                logits = torch.tanh(logits / cap) * cap
-            rows.append(torch.log_softmax(logits, dim=-1))
+            rows.append(_next_logprobs(model, h))
         got = torch.cat(rows)
         out = torch.empty_like(got)
         out[torch.tensor(order)] = got
@@ -188,10 +196,5 @@ class NextTokenEngine:
 
         with self._lock, torch.inference_mode():
             ids = torch.tensor([self.encode(prompt)])
-            model = self.lm.model
-            h = model.model(input_ids=ids).last_hidden_state[:, -1]
-            logits = _head_float32(model.lm_head, h)[0]
-            cap = getattr(model.config, "final_logit_softcapping", None)
-            if cap:
-                logits = torch.tanh(logits / cap) * cap
-            return torch.log_softmax(logits, dim=-1)
+            h = self.lm.model.model(input_ids=ids).last_hidden_state[:, -1]
+            return _next_logprobs(self.lm.model, h)[0]
