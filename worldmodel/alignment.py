@@ -22,16 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from worldmodel.provenance import ProvenanceStep, _passages, _source
+from worldmodel.provenance import ProvenanceStep, _source
 
 PASSAGE_CHARS = 400
-# a trajectory's sources recur at every later step: split each once (_source is cached too)
-_split = lru_cache(maxsize=256)(_passages)
 ACTION_CHARS = 300
 TASK_CHARS = 400
 
@@ -57,12 +54,12 @@ def top_instruction(step: Any) -> Instruction:
     for text, back in ps.sources:
         if not text:
             continue
-        src, parts = _source(text), _split(text)
+        src = _source(text)  # cached: a source recurs at every later step
         if src.norm == task:
             continue  # the task shown as the first observation: the user's, not read
         for i, score in enumerate(src.scores):
-            if score > best.score and parts[i] not in task:
-                best = Instruction(" ".join(parts[max(0, i - 1) : i + 3])[:PASSAGE_CHARS],
+            if score > best.score and src.passages[i] not in task:
+                best = Instruction(" ".join(src.passages[max(0, i - 1) : i + 3])[:PASSAGE_CHARS],
                                    score, back)
     return best
 

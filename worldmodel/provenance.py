@@ -164,7 +164,7 @@ class _Source:
     """A text the agent read (or the task), normalised and split into scored passages."""
 
     def __init__(self, text: str) -> None:
-        passages = _passages(text)
+        self.passages = passages = _passages(text)  # kept: goal alignment quotes them
         self.norm = " ".join(passages)
         self.starts = list(accumulate((len(p) + 1 for p in passages[:-1]), initial=0))
         masks = [0, 0] + [int(_IMPERATIVE_START.match(self.norm, s) is not None)
