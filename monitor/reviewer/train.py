@@ -53,6 +53,7 @@ class JudgeExample:
     domain: str = ""
     rule_label: bool = False  # the label comes from a rule (MiniWoB++), not an annotation
     hard_negative: bool = False
+    trajectory_id: str = ""  # the trajectory the step (or, in trajectory mode, the whole) is of
 
     @property
     def completion(self) -> str:
@@ -110,7 +111,7 @@ def judge_examples(
             if weak is not None:
                 continue  # labelled per trajectory only: judged in trajectory mode
             ex = JudgeExample("", int(t.label), t.category if t.label else None, "step",
-                              domain_of(t), rule)
+                              domain_of(t), rule, trajectory_id=t.trajectory_id)
             out.append(ex)
             steps.append(step)
             if not t.label and rng.random() < hard_negatives:
@@ -124,7 +125,7 @@ def judge_examples(
             out.append(JudgeExample(
                 "", harmful[tid],
                 (t.category or (t.meta or {}).get("category")) if harmful[tid] else None,
-                "trajectory", domain_of(t), rule))
+                "trajectory", domain_of(t), rule, trajectory_id=tid))
             steps.append(step)
     keep = list(range(len(out)))
     if limit is not None and len(out) > limit:
@@ -140,6 +141,24 @@ def judge_examples(
             for i, prompt in zip(chunk, prompts, strict=True):
                 out[i] = replace(out[i], prompt=prompt)
     return [out[i] for i in keep]
+
+
+def trajectory_steps(datasets: Sequence[str | Path], splits: Sequence[str],
+                     keys: set[tuple[str, str]]) -> dict[tuple[str, str], list[ScreenStep]]:
+    """Every step, in order, of the trajectories ``keys`` ((domain, trajectory id), as
+    :class:`JudgeExample` names them) in ``splits`` of ``datasets``: what grading a
+    trajectory by its steps' verdicts reads."""
+    from monitor.calibrate import screen_step_of_transition
+    from worldmodel.datasets.domains import domain_of
+    from worldmodel.datasets.format import read_transitions
+
+    found: dict[tuple[str, str], list[tuple[int, ScreenStep]]] = {}
+    for d in datasets:
+        for t in read_transitions(d, list(splits)):
+            key = (domain_of(t), t.trajectory_id)
+            if key in keys:
+                found.setdefault(key, []).append((t.index, screen_step_of_transition(t, Path(d))))
+    return {k: [s for _, s in sorted(v, key=lambda p: p[0])] for k, v in found.items()}
 
 
 def _stratified(examples: Sequence[JudgeExample], limit: int, rng: np.random.Generator,

@@ -19,7 +19,13 @@ import pytest
 
 from monitor.reviewer import ReviewCase, ReviewerConfig, build_reviewer
 from monitor.reviewer.judge import Judge, judge_prompt, judge_prompts
-from monitor.reviewer.train import JudgeTrainConfig, heldout_examples, judge_examples, train_judge
+from monitor.reviewer.train import (
+    JudgeTrainConfig,
+    heldout_examples,
+    judge_examples,
+    train_judge,
+    trajectory_steps,
+)
 from tests.reviewer.conftest import benign_step, free_port, harmful_step
 
 
@@ -107,6 +113,27 @@ def test_the_examples_never_come_from_a_held_out_split(small_agentdojo: Path) ->
     assert hard and all(e.label == 0 for e in hard)
     assert {e.mode for e in ex} == {"step", "trajectory"}
     assert all(e.prompt.endswith("Verdict:") for e in ex)
+
+
+def test_a_whole_trajectory_example_names_the_trajectory_whose_steps_can_be_read_back(
+    small_agentdojo: Path,
+) -> None:
+    """Grading a trajectory by its steps' verdicts reads every step of it, in order; the
+    trajectory-mode example is asked of the last of them."""
+    ex = judge_examples([small_agentdojo], ["train"], hard_negatives=0.0, max_chars=600)
+    whole = [e for e in ex if e.mode == "trajectory"]
+    keys = {(e.domain, e.trajectory_id) for e in whole}
+    assert whole and len(keys) == len(whole)
+    steps = trajectory_steps([small_agentdojo], ["train"], keys)
+    assert set(steps) == keys
+    unsafe_steps = {(e.domain, e.trajectory_id) for e in ex if e.mode == "step" and e.label}
+    for e in whole:
+        got = steps[(e.domain, e.trajectory_id)]
+        index = [s.step.index for s in got]
+        assert index == sorted(set(index)), index
+        assert judge_prompt(got[-1], mode="trajectory", max_chars=600) == e.prompt
+        # an unsafe trajectory is one with an unsafe step (AgentDojo labels its steps)
+        assert e.label == ((e.domain, e.trajectory_id) in unsafe_steps)
 
 
 def test_evidence_tells_the_judge_where_a_hijacked_actions_values_come_from(
