@@ -55,7 +55,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         grad_accum=args.grad_accum,
         lr=args.lr,
         max_chars=args.max_chars,
-        bf16=not args.no_bf16,
+        bf16=args.bf16,
         threads=args.threads,
         lora_r=args.lora_r,
         lora_layers=args.lora_layers,
@@ -126,7 +126,12 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--lr", type=float, help="default 2e-4 (LoRA) or 2e-5 (full)")
     t.add_argument("--max-chars", type=int, default=1200,
                    help="characters of trajectory shown per example (default 1200)")
-    t.add_argument("--no-bf16", action="store_true", help="train in float32")
+    prec = t.add_mutually_exclusive_group()
+    prec.add_argument("--bf16", dest="bf16", action="store_const", const=True,
+                      help="mixed precision in bfloat16 (default: where the hardware "
+                      "multiplies it natively; emulated, it trains 2-3x slower)")
+    prec.add_argument("--no-bf16", dest="bf16", action="store_const", const=False,
+                      help="train in float32")
     t.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
     t.add_argument("--lora-layers", type=int,
                    help="adapt only the top N decoder layers (default: all)")

@@ -27,6 +27,7 @@ from monitor.reviewer.train import (
     trajectory_steps,
 )
 from tests.reviewer.conftest import benign_step, free_port, harmful_step
+from vigil.lm import resolve_dtype
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +163,10 @@ def test_evidence_tells_the_judge_where_a_hijacked_actions_values_come_from(
     assert all("The most instruction-like passage the agent read" in e.prompt for e in lean)
     assert lean and np.mean([e.label for e in lean]) > np.mean([e.label for e in steps])
     assert JudgeTrainConfig(data=[], out="", evidence=2).recorded()["evidence"] == 2
+    # the bundle records the precision it trained in: bfloat16 only where it is native
+    native = resolve_dtype("auto") == "bfloat16"
+    assert JudgeTrainConfig(data=[], out="").recorded()["bf16"] is native
+    assert JudgeTrainConfig(data=[], out="", bf16=False).recorded()["bf16"] is False
     with pytest.raises(ValueError, match="evidence level 3"):
         judge_prompts([harmful_step()], evidence_level=3)
     with pytest.raises(ValueError, match="judge_evidence must be one of"):
