@@ -16,7 +16,8 @@ TRAIN_EXAMPLES = (
     "  monitor reviewer train                          # default corpus -> "
     "$VIGIL_HOME/models/judge\n"
     "  monitor reviewer train --max-examples 200 --out /tmp/judge   # a small run\n"
-    "  monitor reviewer train --method full --lr 2e-5  # full fine-tuning instead of LoRA"
+    "  monitor reviewer train --method full --lr 2e-5  # full fine-tuning instead of LoRA\n"
+    "  monitor reviewer train --exclude-domains agentdojo/banking --out /tmp/fold  # a LODO fold"
 )
 SERVE_EXAMPLES = (
     "examples:\n"
@@ -62,6 +63,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         lora_targets=tuple(args.lora_targets),
         balance=not args.no_balance,
         evidence=args.evidence,
+        exclude_domains=tuple(args.exclude_domains or ()),
     )
     try:
         out = train_judge(cfg)
@@ -149,6 +151,10 @@ def add_parser(sub: Any) -> None:
                    "instruction-like passage the agent read, and whether the action reads "
                    "more like it or like the user's task; the bundle records the level and "
                    "is asked the same way (default 0: none)")
+    t.add_argument("--exclude-domains", nargs="+", metavar="DOMAIN",
+                   help="train without these domains (agentdojo/banking, toolemu/<group>, "
+                   "miniwob): a leave-one-domain-out fold, to measure the judge on tools it "
+                   "never saw")
     t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     t.set_defaults(fn=cmd_train)
     s = rsub.add_parser(

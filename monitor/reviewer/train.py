@@ -94,13 +94,16 @@ def judge_examples(
     skip = set(exclude_domains)
     out: list[JudgeExample] = []
     steps: list[ScreenStep] = []  # out[i]'s step, its prompt written once the sample is drawn
+    seen: set[str] = set()
     for d in datasets:
         rule = read_manifest(d).rule_derived_labels
         last: dict[str, tuple[Any, ScreenStep]] = {}
         harmful: dict[str, int] = {}
         for t in read_transitions(d, list(splits)):
-            if skip and domain_of(t) in skip:
-                continue
+            if skip:
+                seen.add(domain_of(t))
+                if domain_of(t) in skip:
+                    continue
             step = screen_step_of_transition(t, Path(d))
             weak = trajectory_label_of(t)
             harmful[t.trajectory_id] = max(harmful.get(t.trajectory_id, 0),
@@ -127,6 +130,9 @@ def judge_examples(
                 (t.category or (t.meta or {}).get("category")) if harmful[tid] else None,
                 "trajectory", domain_of(t), rule, trajectory_id=tid))
             steps.append(step)
+    if skip - seen:
+        raise ValueError(f"no domain {sorted(skip - seen)} to leave out in {list(splits)} of "
+                         f"{[str(d) for d in datasets]}; its domains: {sorted(seen)}")
     keep = list(range(len(out)))
     if limit is not None and len(out) > limit:
         keep = sorted(_balanced(out, limit, rng) if balance else
@@ -221,7 +227,7 @@ class JudgeTrainConfig:
     save_steps: int = 20
     seed: int = 0
     threads: int | None = None
-    exclude_domains: tuple[str, ...] = ()  # leave-one-domain-out folds (bench)
+    exclude_domains: tuple[str, ...] = ()  # leave-one-domain-out folds
     evidence: int = 0  # evidence before the question: 0 none, 1 provenance, 2 + goal alignment
 
     def __post_init__(self) -> None:

@@ -114,6 +114,9 @@ def test_the_examples_never_come_from_a_held_out_split(small_agentdojo: Path) ->
     assert hard and all(e.label == 0 for e in hard)
     assert {e.mode for e in ex} == {"step", "trajectory"}
     assert all(e.prompt.endswith("Verdict:") for e in ex)
+    # a leave-one-domain-out fold that names no domain of the data is refused, not run whole
+    with pytest.raises(ValueError, match=r"no domain \['agentdojo/bankin'\] .*agentdojo/banking"):
+        judge_examples([small_agentdojo], ["train"], exclude_domains=["agentdojo/bankin"])
 
 
 def test_a_whole_trajectory_example_names_the_trajectory_whose_steps_can_be_read_back(
