@@ -120,6 +120,13 @@ def _judged(examples: list[Any], p: Any, step_max: Any = None) -> dict[str, Any]
     return out
 
 
+def _fold_scores(fold: Any, exs: list[Any], data: list[str]) -> dict[str, Any]:
+    """A LODO fold's judge on its held-out domain's examples, and its training time."""
+    return {"fine_tuned": _judged(exs, fold.p_unsafe([e.prompt for e in exs]),
+                                  _step_max(fold, exs, data)),
+            "train_seconds": fold.info["seconds"]}
+
+
 def _step_max(judge: Any, examples: list[Any], data: list[str], split: str = "val") -> Any:
     """Per trajectory-mode example of ``examples`` (of ``split``), the judge's largest step
     verdict over every step of its trajectory; NaN for step examples."""
@@ -201,11 +208,8 @@ def judge_part(args: argparse.Namespace) -> None:
             print(f"LODO: training without {d}", flush=True)
             fold = Judge(train_judge(cfg), threads=args.threads)
             exs = by_domain[d]
-            lodo[d] = {"fine_tuned": _judged(exs, fold.p_unsafe([e.prompt for e in exs]),
-                                             _step_max(fold, exs, data)),
-                       "zero_shot": results["val"][d]["zero_shot"],
-                       "train_seconds": json.loads((Path(cfg.out) / "judge.json").read_text()
-                                                   )["seconds"]}
+            lodo[d] = {**_fold_scores(fold, exs, data),
+                       "zero_shot": results["val"][d]["zero_shot"]}
     out = {
         "command": " ".join([Path(sys.executable).as_posix(), *sys.argv]),
         "judge": {"bundle": str(args.judge), "method": judge.info["method"],
@@ -251,12 +255,11 @@ def trained_folds_part(args: argparse.Namespace) -> None:
         exs = [e for e in val if e.domain == d]
         if not exs:
             raise SystemExit(f"{bundle}: no val examples of {d!r} among {len(val)}")
-        prompts = [e.prompt for e in exs]
         t0 = time.perf_counter()
-        lodo[d] = {"fine_tuned": _judged(exs, fold.p_unsafe(prompts), _step_max(fold, exs, data)),
-                   "zero_shot": _judged(exs, _p_unsafe(zero, prompts)),
-                   "train_seconds": fold.info["seconds"], "bundle": str(bundle),
-                   "trained_on": fold.info.get("data"), "config": fold.info["config"]}
+        lodo[d] = {**_fold_scores(fold, exs, data),
+                   "zero_shot": _judged(exs, _p_unsafe(zero, [e.prompt for e in exs])),
+                   "bundle": str(bundle), "trained_on": fold.info.get("data"),
+                   "config": fold.info["config"]}
         print(f"{d}: {len(exs)} examples judged in {time.perf_counter() - t0:.0f} s",
               json.dumps(lodo[d]["fine_tuned"]), flush=True)
     out = {
