@@ -68,21 +68,30 @@ def _judge_trajectories(
     screener: Screener, batch: list[Trajectory], verdicts: list[StepVerdict], steps: list[Any]
 ) -> list[float | None] | None:
     """The fine-tuned judge's verdict on each whole trajectory of ``batch`` that has a step
-    the tiers took to L2 (its trajectory question on the last step, asked of all together),
-    when the screener's reviewer is a judge; else None. Like every L2 review, the judge
-    reads only what L1 escalates."""
+    the tiers took to L2, when the screener's reviewer is a judge; else None. The verdict is
+    the larger of the judge's trajectory question on the last step (asked of all together)
+    and its verdicts on the trajectory's steps it reviewed: a trajectory is unsafe when any
+    action was, and the last step's view may no longer show an earlier one. Like every L2
+    review, the judge reads only what L1 escalates."""
     reviewer = screener.reviewer
     if reviewer is None or not getattr(reviewer, "judged", False):
         return None
     last: list[Any] = []
+    reviewed: list[list[float]] = []  # each trajectory's step verdicts from the judge
     i = 0
     for t in batch:
-        reached = any(v.tier >= 2 for v in verdicts[i : i + len(t.steps)])
+        mine = verdicts[i : i + len(t.steps)]
         i += len(t.steps)
-        last.append(steps[i - 1] if t.steps and reached else None)
-    got = reviewer.judge_trajectories([s for s in last if s is not None])
-    it = iter(got)
-    return [next(it) if s is not None else None for s in last]
+        reviewed.append([v.review.judge_unsafe for v in mine
+                         if v.review is not None and v.review.judge_unsafe is not None])
+        last.append(steps[i - 1] if t.steps and any(v.tier >= 2 for v in mine) else None)
+    got = iter(reviewer.judge_trajectories([s for s in last if s is not None]))
+    out: list[float | None] = []
+    for s, ps in zip(last, reviewed, strict=True):
+        p = next(got) if s is not None else None
+        known = ps + ([p] if p is not None else [])
+        out.append(max(known) if s is not None and known else None)
+    return out
 
 
 def screen_batch(screener: Screener, batch: list[Trajectory], through: int

@@ -248,7 +248,26 @@ def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
     policy = CalibratedPolicy.load(out)
     weights = policy.gates[2].to_dict()["weights"]
     assert "judge_unsafe" in weights and "rv_coverage" in weights, weights
-    reviewer = load_screener(out).reviewer  # what the policy's L2 runs: the judge
+    screener = load_screener(out)
+    reviewer = screener.reviewer  # what the policy's L2 runs: the judge
     assert reviewer is not None
     [verdict] = reviewer.review([ReviewCase(harmful_step())])
     assert verdict.judge_unsafe is not None and "judge_unsafe" in verdict.signals()
+    # `monitor screen`: a trajectory with a step the tiers took to L2 gets the judge's
+    # verdict on the whole, never below its verdict on a step of it that it reviewed
+    from monitor.cli.screen import screen_file
+
+    rows = [json.loads(x) for x in (small_agentdojo / "trajectories.jsonl").open()]
+    harmful = [r for r in rows if r["meta"]["split"] == "train" and r["label"] == 1][:8]
+    src = tmp_path / "harmful.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in harmful))
+    screened = list(screen_file(screener, src, through=2, progress=False))
+    assert len(screened) == len(harmful)
+    reached = [t for t in screened if t["tier"] >= 2]
+    assert reached, [t["tier"] for t in screened]
+    for t in screened:
+        assert ("judge_unsafe" in t) == (t["tier"] >= 2), t
+    for t in reached:
+        steps = [x["signals"]["judge_unsafe"] for x in t["steps"]
+                 if "judge_unsafe" in x["signals"]]
+        assert steps and 0.0 <= max(steps) <= t["judge_unsafe"] <= 1.0, (steps, t)
