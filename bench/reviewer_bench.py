@@ -44,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.machine import cpu  # noqa: E402
 from monitor.reviewer import ReviewCase, ReviewerConfig  # noqa: E402
 from monitor.reviewer.engine import load_reviewer_model  # noqa: E402
 from monitor.reviewer.local import LocalReviewer  # noqa: E402
@@ -83,7 +84,7 @@ def reading(auroc: dict[str, float]) -> str:
 
 
 def _machine(threads: int, load0: float) -> dict[str, Any]:
-    return {"platform": platform.platform(), "processor": platform.processor(),
+    return {"platform": platform.platform(), **cpu(),
             "python": platform.python_version(), "cpu_count": os.cpu_count(),
             "torch_threads": threads,
             "loadavg_1m_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)]}
