@@ -159,12 +159,24 @@ def http_server(answer: Answer, *, delay_s: float = 0.0) -> Iterator[tuple[str, 
                 rec.requests += 1
                 rec.in_flight += 1
                 rec.max_in_flight = max(rec.max_in_flight, rec.in_flight)
+            answered = False
+
+            def out_of_flight() -> None:
+                nonlocal answered
+                if not answered:
+                    answered = True
+                    with rec.lock:
+                        rec.in_flight -= 1
+
             try:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if delay_s:
                     time.sleep(delay_s)
                 status, reply = answer(json.loads(raw or b"{}"), n)
                 data = reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()
+                # out of flight before the client can read the answer and send its next
+                # request (else, on a loaded machine, that one is counted beside this one)
+                out_of_flight()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -173,8 +185,7 @@ def http_server(answer: Answer, *, delay_s: float = 0.0) -> Iterator[tuple[str, 
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test)
             finally:
-                with rec.lock:
-                    rec.in_flight -= 1
+                out_of_flight()
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
