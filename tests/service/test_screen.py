@@ -92,6 +92,12 @@ def offline(small_agentdojo: Path, screener: Screener
 NOISE = 3e-3
 
 
+def as_answer(check: ActionCheck) -> dict[str, Any]:
+    """A batched check as the fields :func:`assert_same` compares."""
+    return {"decision": check.decision, "tier": check.tier, "score": check.score,
+            "signals": dict(check.signals)}
+
+
 def assert_same(answer: dict[str, Any], check: ActionCheck,
                 thresholds: tuple[float, ...] = (), screener: Screener | None = None) -> None:
     """The service's answer is the offline one: decisions exactly, unless the offline score
@@ -186,8 +192,7 @@ def test_concurrent_checks_run_as_one_batch(
     got = asyncio.run(check_all())
     assert queue.batches == 2  # six waiting proposals, at most four a model call
     for check, (_, _, _, alone) in zip(got, offline[:6], strict=True):
-        assert (check.decision, check.tier) == (alone.decision, alone.tier)
-        assert check.score == pytest.approx(alone.score, abs=1e-3)
+        assert_same(as_answer(check), alone, screener=screener)
 
 
 class RecordingScreener:
@@ -237,9 +242,7 @@ def test_a_model_call_holds_at_most_its_budget_of_text(
     got = asyncio.run(check_all())
     assert spy.calls == calls
     for check, (t, a) in zip(got, proposals, strict=True):
-        alone = screener.check_action(t, a)
-        assert (check.decision, check.tier) == (alone.decision, alone.tier)
-        assert check.score == pytest.approx(alone.score, abs=1e-3)
+        assert_same(as_answer(check), screener.check_action(t, a), screener=screener)
 
 
 def test_the_first_action_of_a_trajectory_can_be_screened(
