@@ -122,23 +122,29 @@ def _judged(examples: list[Any], p: Any, step_max: Any = None) -> dict[str, Any]
     return out
 
 
-def _fold_scores(fold: Any, exs: list[Any], data: list[str]) -> dict[str, Any]:
+def _fold_scores(fold: Any, exs: list[Any], steps: dict[Any, list[Any]]) -> dict[str, Any]:
     """A LODO fold's judge on its held-out domain's examples, and its training time."""
     return {"fine_tuned": _judged(exs, fold.p_unsafe([e.prompt for e in exs]),
-                                  _step_max(fold, exs, data)),
+                                  _step_max(fold, exs, steps)),
             "train_seconds": fold.info["seconds"]}
 
 
-def _step_max(judge: Any, examples: list[Any], data: list[str], split: str = "val") -> Any:
-    """Per trajectory-mode example of ``examples`` (of ``split``), the judge's largest step
-    verdict over every step of its trajectory; NaN for step examples."""
-    import numpy as np
-
+def _trajectories_of(examples: list[Any], data: list[str], split: str) -> dict[Any, list[Any]]:
+    """The steps of each trajectory-mode example's trajectory (read once per sample)."""
     from monitor.reviewer.train import trajectory_steps
 
+    return trajectory_steps(data, [split], {(e.domain, e.trajectory_id) for e in examples
+                                            if e.mode == "trajectory"})
+
+
+def _step_max(judge: Any, examples: list[Any], steps: dict[Any, list[Any]]) -> Any:
+    """Per trajectory-mode example of ``examples``, the judge's largest step verdict over
+    every step of its trajectory (``steps``: :func:`_trajectories_of`); NaN for step
+    examples."""
+    import numpy as np
+
     keys = {(e.domain, e.trajectory_id) for e in examples if e.mode == "trajectory"}
-    steps = trajectory_steps(data, [split], keys)
-    flat = [(k, s) for k in sorted(steps) for s in steps[k]]
+    flat = [(k, s) for k in sorted(keys & set(steps)) for s in steps[k]]
     p = judge.score_steps([s for _, s in flat]) if flat else []
     best: dict[Any, float] = {}
     for (k, _), q in zip(flat, p, strict=True):
@@ -159,12 +165,12 @@ def judge_part(args: argparse.Namespace) -> None:
     zero = NextTokenEngine(load_reviewer_model(threads=args.threads), batch_size=8)
     chars, level = judge.max_chars, judge.evidence  # examples asked as the judge was trained
 
-    def both(exs: list[Any], split: str = "val") -> dict[str, Any]:
+    def both(exs: list[Any], steps: dict[Any, list[Any]]) -> dict[str, Any]:
         prompts = [e.prompt for e in exs]
         t0 = time.perf_counter()
         pj = judge.p_unsafe(prompts)
         print(f"  {len(exs)} examples judged in {time.perf_counter() - t0:.0f} s", flush=True)
-        return {"fine_tuned": _judged(exs, pj, _step_max(judge, exs, data, split)),
+        return {"fine_tuned": _judged(exs, pj, _step_max(judge, exs, steps)),
                 "zero_shot": _judged(exs, _p_unsafe(zero, prompts))}
 
     results: dict[str, Any] = {}
@@ -172,16 +178,17 @@ def judge_part(args: argparse.Namespace) -> None:
                            hard_negatives=0.0, limit=args.n_slack, max_chars=chars, seed=7,
                            evidence=level)
     print(f"test_slack: {len(slack)} examples", flush=True)
-    results["test_slack"] = both(slack, "test_slack")
+    results["test_slack"] = both(slack, _trajectories_of(slack, data, "test_slack"))
     val = judge_examples(data, ["val"], hard_negatives=0.0, limit=args.n_val, max_chars=chars,
                          seed=8, evidence=level)
     by_domain: dict[str, list[Any]] = {}
     for e in val:
         by_domain.setdefault(e.domain, []).append(e)
     results["val"] = {}
+    val_steps = _trajectories_of(val, data, "val")  # every domain's, read once
     for d, exs in sorted(by_domain.items()):
         print(f"val {d}: {len(exs)} examples", flush=True)
-        results["val"][d] = both(exs)
+        results["val"][d] = both(exs, val_steps)
     # throughput: one review at a time, then batched
     prompts = [e.prompt for e in slack[:16]]
     t0 = time.perf_counter()
@@ -210,7 +217,7 @@ def judge_part(args: argparse.Namespace) -> None:
             print(f"LODO: training without {d}", flush=True)
             fold = Judge(train_judge(cfg), threads=args.threads)
             exs = by_domain[d]
-            lodo[d] = {**_fold_scores(fold, exs, data),
+            lodo[d] = {**_fold_scores(fold, exs, val_steps),
                        "zero_shot": results["val"][d]["zero_shot"]}
     out = {
         "command": " ".join([Path(sys.executable).as_posix(), *sys.argv]),
@@ -258,7 +265,7 @@ def trained_folds_part(args: argparse.Namespace) -> None:
         if not exs:
             raise SystemExit(f"{bundle}: no val examples of {d!r} among {len(val)}")
         t0 = time.perf_counter()
-        lodo[d] = {**_fold_scores(fold, exs, data),
+        lodo[d] = {**_fold_scores(fold, exs, _trajectories_of(exs, data, "val")),
                    "zero_shot": _judged(exs, _p_unsafe(zero, [e.prompt for e in exs])),
                    "bundle": str(bundle), "trained_on": fold.info.get("data"),
                    "config": fold.info["config"]}
