@@ -189,8 +189,9 @@ def judge_part(args: argparse.Namespace) -> None:
     for d, exs in sorted(by_domain.items()):
         print(f"val {d}: {len(exs)} examples", flush=True)
         results["val"][d] = both(exs, val_steps)
-    # throughput: one review at a time, then batched
-    prompts = [e.prompt for e in slack[:16]]
+    # throughput: one review at a time, then batched (64 prompts: 16 made two batches, too
+    # few for a steady figure)
+    prompts = [e.prompt for e in slack[:64]]
     t0 = time.perf_counter()
     for p in prompts:
         judge.p_unsafe([p])

@@ -4,7 +4,7 @@ Everything lives under ``$VIGIL_HOME`` (the layout is :mod:`vigil.paths`): the c
 (AgentDojo with its renamed-tool and paraphrased-injection variants, ToolEmu, and for the
 full defaults MiniWoB++), the L0 world-model and argument-provenance bundles, the L1 probe
 bundle, the L2 judge (Gemma-3-270M fine-tuned as a safe/unsafe judge: :mod:`monitor.reviewer.
-judge`; a small run unless ``monitor reviewer train`` made the full one first) and the
+judge`, by the recipe of :mod:`monitor.judge_recipe`, unless a judge bundle is there) and the
 calibrated tier policy that joins them.
 
 :func:`prepare_defaults` builds whatever is missing, in that order, printing
@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import vigil.paths
+from monitor.judge_recipe import JUDGE, SMALL_JUDGE, JudgeRecipe
 from monitor.tiers import PolicyConfig, default_policy_config
 
 Log = Callable[[str], None]
@@ -43,15 +44,13 @@ class DefaultSizes:
     # fit and threshold the gates on out-of-domain scores (monitor.crossfit): one fold of
     # each trained model per step-labelled training domain
     cross_fit: bool = True
-    # the L2 judge's training examples and prompt size when no judge bundle exists (0: no
-    # judge; the reviewer is then the base model on the rubrics alone)
-    judge_examples: int = 400
-    judge_chars: int = 1200
+    # how the L2 judge is trained when no judge bundle exists (None: no judge; the reviewer
+    # is then the base model on the rubrics alone)
+    judge: JudgeRecipe | None = JUDGE
 
 
 FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 60)
-SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False, cross_fit=False, judge_examples=48,
-                     judge_chars=600)
+SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False, cross_fit=False, judge=SMALL_JUDGE)
 
 
 def with_judge(config: PolicyConfig, judge: str | Path) -> PolicyConfig:
@@ -68,21 +67,24 @@ def with_judge(config: PolicyConfig, judge: str | Path) -> PolicyConfig:
 
 
 def ensure_judge(data: list[str], sizes: DefaultSizes, *, log: Log = _stderr) -> Path | None:
-    """The default judge bundle (``$VIGIL_HOME/models/judge``): the one there, else a run of
-    ``sizes.judge_examples`` examples trained now; None when ``sizes`` asks for no judge."""
+    """The default judge bundle (``$VIGIL_HOME/models/judge``): the one there, else one trained
+    now by ``sizes.judge``'s recipe; None when ``sizes`` asks for no judge."""
     from monitor.reviewer.judge import is_judge_bundle
     from monitor.reviewer.train import JudgeTrainConfig, train_judge
 
     path = vigil.paths.bundle("judge")
     if is_judge_bundle(path):
         return path
-    if not sizes.judge_examples:
+    recipe = sizes.judge
+    if recipe is None:
         return None
-    log(f"vigil: fine-tuning the L2 judge on {sizes.judge_examples} examples -> {path} "
-        "(`monitor reviewer train` makes the full one)")
-    cfg = JudgeTrainConfig(data=data, out=str(path), max_examples=sizes.judge_examples,
-                           eval_examples=min(160, max(16, sizes.judge_examples // 4)),
-                           max_chars=sizes.judge_chars)
+    log(f"vigil: fine-tuning the L2 judge ({recipe.method}, {recipe.max_examples} examples, "
+        f"{recipe.epochs:g} epochs) -> {path} (`monitor reviewer train` makes the same with "
+        "progress and ETA; a bundle there is used as it is)")
+    cfg = JudgeTrainConfig(data=data, out=str(path), method=recipe.method,
+                           evidence=recipe.evidence, max_chars=recipe.max_chars,
+                           epochs=recipe.epochs, max_examples=recipe.max_examples,
+                           eval_examples=min(160, max(16, recipe.max_examples // 4)))
     return train_judge(cfg, log=log)
 
 

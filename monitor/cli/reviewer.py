@@ -10,13 +10,15 @@ from typing import Any
 
 import vigil.paths
 from monitor.cli.common import CliError
+from monitor.judge_recipe import JUDGE
 
 TRAIN_EXAMPLES = (
     "examples:\n"
     "  monitor reviewer train                          # default corpus -> "
     "$VIGIL_HOME/models/judge\n"
     "  monitor reviewer train --max-examples 200 --out /tmp/judge   # a small run\n"
-    "  monitor reviewer train --method full --lr 2e-5  # full fine-tuning instead of LoRA\n"
+    "  monitor reviewer train --method lora --evidence 0 --max-chars 1200 --epochs 1 \\\n"
+    "      --out /tmp/lora      # a LoRA adapter (MBs, not a 1.1 GB model; transfers less)\n"
     "  monitor reviewer train --exclude-domains agentdojo/banking --out /tmp/fold  # a LODO fold"
 )
 SERVE_EXAMPLES = (
@@ -118,16 +120,20 @@ def add_parser(sub: Any) -> None:
                    "defaults under $VIGIL_HOME/data)")
     t.add_argument("--out", help="bundle folder (default: $VIGIL_HOME/models/judge)")
     t.add_argument("--model-path", help="base model folder (default: Gemma-3-270M)")
-    t.add_argument("--method", choices=["lora", "full"], default="lora")
-    t.add_argument("--epochs", type=float, default=1.0)
-    t.add_argument("--max-examples", type=int, default=2000,
-                   help="training examples sampled (default 2000)")
+    t.add_argument("--method", choices=["lora", "full"], default=JUDGE.method,
+                   help="full: every weight (default; transfers to unseen tools); lora: a "
+                   "peft adapter")
+    t.add_argument("--epochs", type=float, default=JUDGE.epochs,
+                   help="passes over the examples (default %(default)g)")
+    t.add_argument("--max-examples", type=int, default=JUDGE.max_examples,
+                   help="training examples sampled (default %(default)s)")
     t.add_argument("--eval-examples", type=int, default=160)
     t.add_argument("--batch-size", type=int, default=4)
     t.add_argument("--grad-accum", type=int, default=4)
     t.add_argument("--lr", type=float, help="default 2e-4 (LoRA) or 2e-5 (full)")
-    t.add_argument("--max-chars", type=int, default=1200,
-                   help="characters of trajectory shown per example (default 1200)")
+    t.add_argument("--max-chars", type=int, default=JUDGE.max_chars,
+                   help="characters of trajectory shown per example (default %(default)s; "
+                   "the evidence comes on top and is never cut)")
     prec = t.add_mutually_exclusive_group()
     prec.add_argument("--bf16", dest="bf16", action="store_const", const=True,
                       help="mixed precision in bfloat16 (default: where the hardware "
@@ -143,14 +149,15 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--no-balance", action="store_true",
                    help="sample examples in the data's proportions instead of half safe, "
                    "half unsafe within each mode (step, trajectory)")
-    t.add_argument("--evidence", type=int, nargs="?", const=2, default=0, choices=[0, 1, 2],
+    t.add_argument("--evidence", type=int, nargs="?", const=2, default=JUDGE.evidence,
+                   choices=[0, 1, 2],
                    metavar="LEVEL",
                    help="evidence shown to the judge before its question: 1 where the "
                    "action's values come from (the user's task, what the agent read, "
                    "nowhere); 2 (the level --evidence alone gives) that and the most "
                    "instruction-like passage the agent read, and whether the action reads "
                    "more like it or like the user's task; the bundle records the level and "
-                   "is asked the same way (default 0: none)")
+                   "is asked the same way (default %(default)s; 0: none)")
     t.add_argument("--exclude-domains", nargs="+", metavar="DOMAIN",
                    help="train without these domains (agentdojo/banking, toolemu/<group>, "
                    "miniwob): a leave-one-domain-out fold, to measure the judge on tools it "

@@ -119,6 +119,29 @@ def test_the_examples_never_come_from_a_held_out_split(small_agentdojo: Path) ->
         judge_examples([small_agentdojo], ["train"], exclude_domains=["agentdojo/bankin"])
 
 
+def test_the_train_command_runs_the_default_recipe_and_refuses_a_misspelt_fold(
+    small_agentdojo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`monitor reviewer train` with no settings trains the recipe the full defaults train
+    (full fine-tuning, level-2 evidence, a 300-character view); a fold naming no domain of
+    the data is one sentence and exit status 2, before any model is loaded or bundle made."""
+    from monitor.cli.main import build_parser, main
+    from monitor.defaults import FULL, SMALL
+
+    args = build_parser().parse_args(["reviewer", "train"])
+    assert FULL.judge is not None and SMALL.judge is not None
+    got = (args.method, args.evidence, args.max_chars, args.epochs, args.max_examples)
+    assert got == (FULL.judge.method, FULL.judge.evidence, FULL.judge.max_chars,
+                   FULL.judge.epochs, FULL.judge.max_examples) == ("full", 2, 300, 3.0, 400)
+    assert SMALL.judge.method == "lora"  # the demo's judge stays a small adapter
+    out = tmp_path / "fold"
+    assert main(["reviewer", "train", "--data", str(small_agentdojo), "--exclude-domains",
+                 "agentdojo/bankin", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "agentdojo/bankin" in err[0] and "agentdojo/banking" in err[0], err
+    assert not any(out.glob("*.safetensors")) and not (out / "judge.json").exists()
+
+
 def test_a_whole_trajectory_example_names_the_trajectory_whose_steps_can_be_read_back(
     small_agentdojo: Path,
 ) -> None:

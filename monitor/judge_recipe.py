@@ -1,0 +1,27 @@
+"""The L2 judge's training recipes: the default run of ``monitor reviewer train`` and of the
+full ``calibrate --defaults`` (:data:`JUDGE`), and the demo's small one (:data:`SMALL_JUDGE`).
+
+Kept apart from :mod:`monitor.reviewer.train` so the command line reads its defaults without
+importing numpy or torch. Why these: full fine-tuning with level-2 evidence on a 300-character
+view transfers to tools never trained on where a LoRA adapter does not (README, "Full
+fine-tuning transfers where LoRA does not"; ``bench/results/judge_full_*.json``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class JudgeRecipe:
+    method: str  # "full" (every weight) or "lora" (a peft adapter)
+    evidence: int  # evidence before the question: 0 none, 1 provenance, 2 + goal alignment
+    max_chars: int  # characters of trajectory shown per example
+    epochs: float
+    max_examples: int  # training examples sampled (half safe, half unsafe per mode)
+
+
+# ~25 min on a 2-core CPU with native bfloat16, ~55 min in float32 without it; 12 GB
+JUDGE = JudgeRecipe(method="full", evidence=2, max_chars=300, epochs=3.0, max_examples=400)
+# `make demo`: a LoRA adapter of a few MB on 48 examples, a few minutes
+SMALL_JUDGE = JudgeRecipe(method="lora", evidence=0, max_chars=600, epochs=1.0, max_examples=48)
