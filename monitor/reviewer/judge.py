@@ -19,13 +19,14 @@ gains a harmless instruction or alarming words (a judge that flags every instruc
 reads is useless against injections it has not seen).
 
 **How it is trained** (:func:`~monitor.reviewer.train.train_judge`): transformers'
-``Trainer`` with a ``peft`` LoRA adapter (or full fine-tuning, ``method="full"``), the loss
-on the answer tokens only, bfloat16 autocast on the CPU, gradient accumulation, batches
+``Trainer``, full fine-tuning (the default recipe, :mod:`monitor.judge_recipe`: it transfers
+to unseen tools) or a ``peft`` LoRA adapter (``method="lora"``: the demo's), the loss on the
+answer tokens only, bfloat16 autocast where the hardware has it, gradient accumulation, batches
 grouped by length (to pad little: packing several examples into one sequence would let
 them attend to each other under the eager attention this CPU runs), checkpoints every
 ``save_steps`` that a rerun resumes from, progress lines with loss and ETA, and a
-loss-curve PNG. The bundle holds the adapter (``safetensors``), ``judge.json`` and
-``loss.png``: nothing that runs code on load.
+loss-curve PNG. The bundle holds the adapter or the whole model (``safetensors``, with its
+tokenizer), ``judge.json`` and ``loss.png``: nothing that runs code on load.
 """
 
 from __future__ import annotations
