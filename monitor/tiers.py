@@ -51,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,7 +284,9 @@ class StackedCombiner(ClassifierMixin, BaseEstimator):
         if X.ndim != 2 or len(X) != len(y):
             raise ValueError(f"X must be (n, d) with n = len(y), got {X.shape} and {len(y)}")
         benign = X[y == 0] if (y == 0).any() else X
-        fill = np.nanmedian(np.where(np.isnan(benign), np.nan, benign), axis=0)
+        with warnings.catch_warnings():  # a signal no benign step has: filled with 0.5 below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            fill = np.nanmedian(benign, axis=0)
         self.fill_ = np.where(np.isnan(fill), 0.5, fill)
         F = _logit(np.where(np.isnan(X), self.fill_, X))
         self.mean_ = F.mean(axis=0)

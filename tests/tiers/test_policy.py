@@ -57,6 +57,19 @@ def test_stacking_weights_are_non_negative_and_rank_the_informative_signal_first
     assert 0 < comb.predict_proba(X)[0, 1] < 1
 
 
+def test_a_signal_no_step_has_is_fitted_quietly_and_weighs_nothing() -> None:
+    """A configured signal the data never carries (rl_timed_out outside RL rollouts) gets the
+    neutral fill and no weight, without numpy's all-NaN warning in `monitor calibrate`."""
+    import warnings
+
+    rows, y = _synthetic(600, np.random.default_rng(2))
+    names = (*NAMES, "absent")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        comb = StackedCombiner().fit(signal_matrix(rows, names), y)
+    assert comb.fill_[-1] == 0.5 and comb.coef_[-1] == 0.0
+
+
 def test_stacking_beats_the_best_single_signal_when_both_carry_information() -> None:
     from dashboards.recall import auroc
 
