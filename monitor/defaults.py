@@ -79,12 +79,12 @@ def ensure_judge(data: list[str], sizes: DefaultSizes, *, log: Log = _stderr) ->
     if recipe is None:
         return None
     log(f"vigil: fine-tuning the L2 judge ({recipe.method}, {recipe.max_examples} examples, "
-        f"{recipe.epochs:g} epochs) -> {path} (`monitor reviewer train` makes the same with "
-        "progress and ETA; a bundle there is used as it is)")
+        f"{recipe.epochs:g} epochs) -> {path}; a bundle there, from `monitor reviewer train`, "
+        "is used as it is")
     cfg = JudgeTrainConfig(data=data, out=str(path), method=recipe.method,
                            evidence=recipe.evidence, max_chars=recipe.max_chars,
                            epochs=recipe.epochs, max_examples=recipe.max_examples,
-                           eval_examples=min(160, max(16, recipe.max_examples // 4)))
+                           eval_examples=recipe.eval_examples)
     return train_judge(cfg, log=log)
 
 

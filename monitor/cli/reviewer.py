@@ -127,7 +127,8 @@ def add_parser(sub: Any) -> None:
                    help="passes over the examples (default %(default)g)")
     t.add_argument("--max-examples", type=int, default=JUDGE.max_examples,
                    help="training examples sampled (default %(default)s)")
-    t.add_argument("--eval-examples", type=int, default=160)
+    t.add_argument("--eval-examples", type=int, default=JUDGE.eval_examples,
+                   help="held-out val examples for the loss and AUROC (default %(default)s)")
     t.add_argument("--batch-size", type=int, default=4)
     t.add_argument("--grad-accum", type=int, default=4)
     t.add_argument("--lr", type=float, help="default 2e-4 (LoRA) or 2e-5 (full)")

@@ -125,14 +125,17 @@ def test_the_train_command_runs_the_default_recipe_and_refuses_a_misspelt_fold(
     """`monitor reviewer train` with no settings trains the recipe the full defaults train
     (full fine-tuning, level-2 evidence, a 300-character view); a fold naming no domain of
     the data is one sentence and exit status 2, before any model is loaded or bundle made."""
+    from dataclasses import astuple
+
     from monitor.cli.main import build_parser, main
     from monitor.defaults import FULL, SMALL
 
     args = build_parser().parse_args(["reviewer", "train"])
     assert FULL.judge is not None and SMALL.judge is not None
-    got = (args.method, args.evidence, args.max_chars, args.epochs, args.max_examples)
-    assert got == (FULL.judge.method, FULL.judge.evidence, FULL.judge.max_chars,
-                   FULL.judge.epochs, FULL.judge.max_examples) == ("full", 2, 300, 3.0, 400)
+    got = (args.method, args.evidence, args.max_chars, args.epochs, args.max_examples,
+           args.eval_examples)
+    assert got == astuple(FULL.judge)  # so a bundle of either is up to date for the other
+    assert got[:5] == ("full", 2, 300, 3.0, 400)
     assert SMALL.judge.method == "lora"  # the demo's judge stays a small adapter
     out = tmp_path / "fold"
     assert main(["reviewer", "train", "--data", str(small_agentdojo), "--exclude-domains",
