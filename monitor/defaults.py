@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import vigil.paths
@@ -81,11 +81,7 @@ def ensure_judge(data: list[str], sizes: DefaultSizes, *, log: Log = _stderr) ->
     log(f"vigil: fine-tuning the L2 judge ({recipe.method}, {recipe.max_examples} examples, "
         f"{recipe.epochs:g} epochs) -> {path}; a bundle there, from `monitor reviewer train`, "
         "is used as it is")
-    cfg = JudgeTrainConfig(data=data, out=str(path), method=recipe.method,
-                           evidence=recipe.evidence, max_chars=recipe.max_chars,
-                           epochs=recipe.epochs, max_examples=recipe.max_examples,
-                           eval_examples=recipe.eval_examples)
-    return train_judge(cfg, log=log)
+    return train_judge(JudgeTrainConfig(data=data, out=str(path), **asdict(recipe)), log=log)
 
 
 def ensure_policy(policy: str | Path | None = None, *, log: Log = _stderr) -> Path:

@@ -8,6 +8,7 @@ import asyncio
 import io
 import threading
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,6 @@ def offline(small_agentdojo: Path, screener: Screener
 # batched with others, the probe model pads: its probability moves by up to ~1e-3 (seen 8e-4
 # on CI) and the gate's logit stacking can double that
 NOISE = 3e-3
-
-
-def as_answer(check: ActionCheck) -> dict[str, Any]:
-    """A batched check as the fields :func:`assert_same` compares."""
-    return {"decision": check.decision, "tier": check.tier, "score": check.score,
-            "signals": dict(check.signals)}
 
 
 def assert_same(answer: dict[str, Any], check: ActionCheck,
@@ -192,7 +187,7 @@ def test_concurrent_checks_run_as_one_batch(
     got = asyncio.run(check_all())
     assert queue.batches == 2  # six waiting proposals, at most four a model call
     for check, (_, _, _, alone) in zip(got, offline[:6], strict=True):
-        assert_same(as_answer(check), alone, screener=screener)
+        assert_same(asdict(check), alone, screener=screener)
 
 
 class RecordingScreener:
@@ -242,7 +237,7 @@ def test_a_model_call_holds_at_most_its_budget_of_text(
     got = asyncio.run(check_all())
     assert spy.calls == calls
     for check, (t, a) in zip(got, proposals, strict=True):
-        assert_same(as_answer(check), screener.check_action(t, a), screener=screener)
+        assert_same(asdict(check), screener.check_action(t, a), screener=screener)
 
 
 def test_the_first_action_of_a_trajectory_can_be_screened(
