@@ -64,6 +64,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         lora_layers=args.lora_layers,
         lora_targets=tuple(args.lora_targets),
         balance=not args.no_balance,
+        balance_by=args.balance_by,
         evidence=args.evidence,
         exclude_domains=tuple(args.exclude_domains or ()),
     )
@@ -149,7 +150,11 @@ def add_parser(sub: Any) -> None:
                    help="module names LoRA adapts (default: the attention projections)")
     t.add_argument("--no-balance", action="store_true",
                    help="sample examples in the data's proportions instead of half safe, "
-                   "half unsafe within each mode (step, trajectory)")
+                   "half unsafe within each mode (step, trajectory) of each corpus")
+    t.add_argument("--balance-by", choices=["corpus", "mode"], default="corpus",
+                   help="balance safe and unsafe within each mode of each corpus (default), "
+                   "or of all corpora together ('mode': how judges were trained before "
+                   "2026-12-06)")
     t.add_argument("--evidence", type=int, nargs="?", const=2, default=JUDGE.evidence,
                    choices=[0, 1, 2],
                    metavar="LEVEL",

@@ -54,6 +54,7 @@ class JudgeExample:
     rule_label: bool = False  # the label comes from a rule (MiniWoB++), not an annotation
     hard_negative: bool = False
     trajectory_id: str = ""  # the trajectory the step (or, in trajectory mode, the whole) is of
+    corpus: str = ""  # the dataset the example was read from (its manifest's name)
 
     @property
     def completion(self) -> str:
@@ -73,13 +74,15 @@ def judge_examples(
     exclude_domains: Sequence[str] = (),
     held_out: bool = False,
     balance: bool = False,
+    balance_by: str = "corpus",
     evidence: bool | int = False,
 ) -> list[JudgeExample]:
     """Examples of ``splits`` over ``datasets`` (see the module docstring); ``limit``: a
     seeded sample, harmful and benign kept in proportion; ``hard_negatives``: that share of
     the benign step examples is added again with a harmless instruction appended;
-    ``balance``: the sample is half safe, half unsafe within each mode (:func:`_balanced`)
-    rather than in the data's proportions; ``exclude_domains``: leave these domains out
+    ``balance``: the sample is half safe, half unsafe within each mode of each corpus
+    (``balance_by="mode"``: of all corpora together; :func:`_balanced`) rather than in the
+    data's proportions; ``exclude_domains``: leave these domains out
     (leave-one-domain-out); ``evidence``: the evidence level of the prompts
     (:func:`~monitor.reviewer.judge.judge_prompts`). A held-out (``test*``) split is refused
     unless ``held_out`` (for measuring, never training). The sample is drawn first; only
@@ -96,7 +99,8 @@ def judge_examples(
     steps: list[ScreenStep] = []  # out[i]'s step, its prompt written once the sample is drawn
     seen: set[str] = set()
     for d in datasets:
-        rule = read_manifest(d).rule_derived_labels
+        manifest = read_manifest(d)
+        rule, corpus = manifest.rule_derived_labels, manifest.name
         last: dict[str, tuple[Any, ScreenStep]] = {}
         harmful: dict[str, int] = {}
         for t in read_transitions(d, list(splits)):
@@ -114,7 +118,7 @@ def judge_examples(
             if weak is not None:
                 continue  # labelled per trajectory only: judged in trajectory mode
             ex = JudgeExample("", int(t.label), t.category if t.label else None, "step",
-                              domain_of(t), rule, trajectory_id=t.trajectory_id)
+                              domain_of(t), rule, trajectory_id=t.trajectory_id, corpus=corpus)
             out.append(ex)
             steps.append(step)
             if not t.label and rng.random() < hard_negatives:
@@ -128,14 +132,15 @@ def judge_examples(
             out.append(JudgeExample(
                 "", harmful[tid],
                 (t.category or (t.meta or {}).get("category")) if harmful[tid] else None,
-                "trajectory", domain_of(t), rule, trajectory_id=tid))
+                "trajectory", domain_of(t), rule, trajectory_id=tid, corpus=corpus))
             steps.append(step)
     if skip - seen:
         raise ValueError(f"no domain {sorted(skip - seen)} to leave out in {list(splits)} of "
                          f"{[str(d) for d in datasets]}; its domains: {sorted(seen)}")
     keep = list(range(len(out)))
     if limit is not None and len(out) > limit:
-        keep = sorted(_balanced(out, limit, rng) if balance else
+        by_corpus = balance_by == "corpus"
+        keep = sorted(_balanced(out, limit, rng, by_corpus=by_corpus) if balance else
                       _stratified(out, limit, rng, lambda e: e.label))
     level = int(evidence)
     for mode in ("step", "trajectory"):
@@ -181,16 +186,21 @@ def _stratified(examples: Sequence[JudgeExample], limit: int, rng: np.random.Gen
     return keep
 
 
-def _balanced(examples: Sequence[JudgeExample], limit: int, rng: np.random.Generator
-              ) -> list[int]:
-    """Each mode (step, trajectory) keeps its share of ``limit``, half safe and half unsafe
-    where both are there to take: otherwise the judge learns each mode's majority answer
-    (a step is safe, a trajectory unsafe) instead of reading the step."""
+def _balanced(examples: Sequence[JudgeExample], limit: int, rng: np.random.Generator, *,
+              by_corpus: bool = True) -> list[int]:
+    """Each mode (step, trajectory) of each corpus keeps its share of ``limit``, half safe
+    and half unsafe where both are there to take: otherwise the judge learns each mode's
+    majority answer (a step is safe, a trajectory unsafe) instead of reading the step, or
+    which corpus a prompt looks like (MiniWoB++'s steps are nearly all safe, so balancing
+    over the corpora together tilted AgentDojo's steps unsafe: 135 to 110 in the workspace
+    fold; ToolEmu's and MiniWoB++'s trajectories filled the safe half of AgentDojo's).
+    ``by_corpus=False``: each mode of all corpora together (the judges trained before
+    2026-12-06)."""
     keep: list[int] = []
-    for mode in ("step", "trajectory"):
-        idx = [i for i, e in enumerate(examples) if e.mode == mode]
-        if not idx:
-            continue
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, e in enumerate(examples):
+        groups.setdefault((e.mode, e.corpus if by_corpus else ""), []).append(i)
+    for _, idx in sorted(groups.items()):
         budget = max(2, round(limit * len(idx) / len(examples)))
         by = {c: [i for i in idx if examples[i].label == c] for c in (0, 1)}
         small = min(by, key=lambda c: len(by[c]))
@@ -213,7 +223,8 @@ class JudgeTrainConfig:
     lora_dropout: float = 0.05
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     lora_layers: int | None = None  # adapt only the top N decoder layers (None: all)
-    balance: bool = True  # half safe, half unsafe within each mode (see _balanced)
+    balance: bool = True  # half safe, half unsafe within each mode of each corpus (_balanced)
+    balance_by: str = "corpus"  # "mode": of all corpora together, as before 2026-12-06
     epochs: float = 1.0
     max_examples: int | None = 2000
     eval_examples: int = 160
@@ -312,6 +323,8 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
 
     if cfg.method not in ("lora", "full"):
         raise ValueError(f"judge method {cfg.method!r}: expected 'lora' or 'full'")
+    if cfg.balance_by not in ("corpus", "mode"):
+        raise ValueError(f"judge balance_by {cfg.balance_by!r}: expected 'corpus' or 'mode'")
     out = Path(cfg.out)
     if is_judge_bundle(out):
         done = json.loads((out / "judge.json").read_text())
@@ -325,7 +338,8 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     t0 = time.perf_counter()
     train = judge_examples(cfg.data, ["train"], limit=cfg.max_examples, max_chars=cfg.max_chars,
                            seed=cfg.seed, exclude_domains=cfg.exclude_domains,
-                           balance=cfg.balance, evidence=cfg.evidence)
+                           balance=cfg.balance, balance_by=cfg.balance_by,
+                           evidence=cfg.evidence)
     val = heldout_examples(cfg)
     if len({e.label for e in train}) < 2:
         raise ValueError(f"{cfg.data}: the train split needs both safe and unsafe examples")

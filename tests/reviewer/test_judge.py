@@ -20,7 +20,9 @@ import pytest
 from monitor.reviewer import ReviewCase, ReviewerConfig, build_reviewer
 from monitor.reviewer.judge import Judge, judge_prompt, judge_prompts
 from monitor.reviewer.train import (
+    JudgeExample,
     JudgeTrainConfig,
+    _balanced,
     heldout_examples,
     judge_examples,
     train_judge,
@@ -117,6 +119,25 @@ def test_the_examples_never_come_from_a_held_out_split(small_agentdojo: Path) ->
     # a leave-one-domain-out fold that names no domain of the data is refused, not run whole
     with pytest.raises(ValueError, match=r"no domain \['agentdojo/bankin'\] .*agentdojo/banking"):
         judge_examples([small_agentdojo], ["train"], exclude_domains=["agentdojo/bankin"])
+
+
+def test_the_balanced_sample_is_half_unsafe_within_each_corpus() -> None:
+    """A corpus whose steps are nearly all safe (MiniWoB++'s) does not tilt another's sample
+    unsafe: pooled, the judge could learn which corpus a prompt looks like, not the step."""
+    def ex(corpus: str, label: int, n: int) -> list[JudgeExample]:
+        return [JudgeExample("", label, mode="step", corpus=corpus)] * n
+
+    pool = ex("agentdojo", 0, 100) + ex("agentdojo", 1, 100) + ex("miniwob", 0, 200) + \
+        ex("miniwob", 1, 2)
+    keep = _balanced(pool, 100, np.random.default_rng(0))
+    got = [pool[i] for i in keep]
+    assert len(set(keep)) == len(keep) and 95 <= len(keep) <= 105
+    ad = [e.label for e in got if e.corpus == "agentdojo"]
+    assert len(ad) >= 40 and sum(ad) == len(ad) - sum(ad) == len(ad) // 2, ad
+    assert sum(e.label for e in got if e.corpus == "miniwob") == 2  # all it has
+    pooled = [pool[i] for i in _balanced(pool, 100, np.random.default_rng(0), by_corpus=False)]
+    ad = [e.label for e in pooled if e.corpus == "agentdojo"]
+    assert sum(ad) > 2 * (len(ad) - sum(ad))  # as before: AgentDojo's sample tilted unsafe
 
 
 def test_the_train_command_runs_the_default_recipe_and_refuses_a_misspelt_fold(
