@@ -165,3 +165,25 @@ def test_a_model_cut_after_the_probe_layer_gives_the_full_models_activations(
         extract(cut, STEPS[:1], [7], cache_dir=None, progress=False)
     assert sum(p.numel() for p in cut_model.parameters()) < sum(
         p.numel() for p in pm.model.parameters())
+
+
+def test_a_second_first_use_waits_for_the_conversion_under_way(tmp_path: Path) -> None:
+    """Two processes (pytest workers, a worker beside the CLI) using the model first at the
+    same time: the second waits on the first's lock and takes its folder, converting nothing."""
+    import fcntl
+    import threading
+
+    from vigil.lm import PROVENANCE, convert_default_model
+
+    out = tmp_path / "gemma"
+    got: list[Path] = []
+    with open(tmp_path / "gemma.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a conversion under way
+        waiter = threading.Thread(target=lambda: got.append(convert_default_model(out)))
+        waiter.start()
+        waiter.join(timeout=2)
+        assert waiter.is_alive() and not got  # waiting, not converting beside it
+        out.mkdir()
+        (out / PROVENANCE).write_text("{}")  # the first process's conversion is done
+    waiter.join(timeout=30)
+    assert got == [out] and not (tmp_path / "gemma.gguf").exists()
