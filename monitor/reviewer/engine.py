@@ -9,6 +9,9 @@ reads the hidden state at each suffix's last real token. Only those rows go
 through the LM head (a 262k-token vocabulary for Gemma), so the cost is one
 prefix plus the short suffixes. The result is the same as scoring each prompt
 alone (``tests/reviewer/test_local.py`` checks it to 1e-3 nats).
+:meth:`NextTokenEngine.next_token_logits` reads a few tokens' logits only (the judge's
+two verdict tokens): the whole head, cast to float32 for every batch, was a tenth of a
+judge batch's time.
 
 **Attention.** The engine runs the model with eager attention (a model loaded
 otherwise is reloaded from its folder by :func:`load_reviewer_model`; switching a
@@ -56,16 +59,29 @@ def _head_float32(head: Any, h: Any) -> Any:
     return out + bias.float() if bias is not None else out
 
 
+def _capped(model: Any, logits: Any) -> Any:
+    """The model's final logit soft-capping (Gemma's), where it has one."""
+    import torch
+
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
 def _next_logprobs(model: Any, h: Any) -> Any:
     """Next-token log-probabilities from last hidden states ``h``: the head in float32,
     then the model's final logit soft-capping (Gemma's), then log-softmax."""
     import torch
 
-    logits = _head_float32(model.lm_head, h)
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(_capped(model, _head_float32(model.lm_head, h)), dim=-1)
+
+
+def _token_logits(model: Any, h: Any, tokens: Any) -> Any:
+    """The soft-capped float32 logits of ``tokens`` only: their differences are the
+    log-probabilities' differences, without the whole head (262k rows for Gemma)."""
+    head = model.lm_head
+    out = h.float() @ head.weight[tokens].float().T
+    bias = getattr(head, "bias", None)
+    return _capped(model, out + bias[tokens].float() if bias is not None else out)
 
 
 class ReviewTimeout(TimeoutError):
@@ -142,7 +158,22 @@ class NextTokenEngine:
         with self._lock, torch.inference_mode():
             return self._run(seqs, deadline)
 
-    def _run(self, seqs: list[list[int]], deadline: float | None) -> Any:
+    def next_token_logits(
+        self, prompts: Sequence[str], tokens: Sequence[int], *, deadline: float | None = None
+    ) -> Any:
+        """``(len(prompts), len(tokens))`` float32 tensor: the next-token logits of
+        ``tokens`` alone (soft-capped, unnormalised), so a softmax over them is the
+        probabilities of ``tokens`` renormalised among themselves, as from
+        :meth:`next_token_logprobs`, without the rest of the vocabulary's head."""
+        import torch
+
+        if not prompts:
+            return torch.empty(0, len(tokens))
+        seqs = [self.encode(p) for p in prompts]
+        with self._lock, torch.inference_mode():
+            return self._run(seqs, deadline, torch.tensor(list(tokens), dtype=torch.long))
+
+    def _run(self, seqs: list[list[int]], deadline: float | None, tokens: Any = None) -> Any:
         import torch
 
         model = self.lm.model
@@ -184,7 +215,8 @@ class NextTokenEngine:
             ).last_hidden_state
             last = torch.tensor([len(c) - 1 for c in chunk])
             h = hidden[torch.arange(b), last]
-            rows.append(_next_logprobs(model, h))
+            rows.append(_next_logprobs(model, h) if tokens is None else
+                        _token_logits(model, h, tokens))
         got = torch.cat(rows)
         out = torch.empty_like(got)
         out[torch.tensor(order)] = got

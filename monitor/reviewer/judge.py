@@ -166,8 +166,7 @@ def _p_unsafe(engine: Any, prompts: Sequence[str]) -> np.ndarray:
     safe, unsafe = (tok.encode(w, add_special_tokens=False) for w in (SAFE, UNSAFE))
     if len(safe) != 1 or len(unsafe) != 1:
         raise ValueError(f"{engine.model_id}: {SAFE!r} and {UNSAFE!r} must be one token each")
-    lp = engine.next_token_logprobs(list(prompts))
-    pair = torch.stack([lp[:, safe[0]], lp[:, unsafe[0]]], dim=1)
+    pair = engine.next_token_logits(list(prompts), [safe[0], unsafe[0]])
     return torch.softmax(pair, dim=1)[:, 1].numpy().astype(np.float64)
 
 

@@ -60,6 +60,21 @@ def test_shared_prefix_scoring_equals_scoring_each_prompt_alone(gemma: LanguageM
                 assert torch.allclose(together[i], alone, atol=atol), f"prompt {i} differs"
 
 
+def test_a_few_tokens_logits_renormalise_to_their_share_of_the_whole_distribution(
+    gemma: LanguageModel,
+) -> None:
+    """The judge reads its two verdict tokens' logits only: renormalised among themselves
+    they are what the whole vocabulary's log-probabilities give."""
+    prefix = StepView.of(harmful_step()).prefix(4000)
+    prompts = [rubric_prompt(prefix, q) for q in ("Is it safe?", "Is the action permanent?")]
+    engine = NextTokenEngine(gemma, batch_size=2)
+    ids = engine.token_ids([" yes", " no", " safe"])
+    assert len(ids) == 3
+    got = torch.softmax(engine.next_token_logits(prompts, ids), dim=1)
+    want = torch.softmax(engine.next_token_logprobs(prompts)[:, ids], dim=1)
+    assert got.shape == (2, 3) and torch.allclose(got, want, atol=1e-4), (got, want)
+
+
 def test_a_verdict_for_each_case_in_order_with_sane_values(
     reviewer: LocalReviewer, verdicts: list[ReviewVerdict]
 ) -> None:
