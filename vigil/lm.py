@@ -91,11 +91,7 @@ def convert_default_model(
     out = Path(out) if out else paths.gemma()
     if (out / PROVENANCE).exists():
         return out
-    import fcntl
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / (out.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a process converting it already: wait, then use it
+    with paths.made_once(out):  # a process converting it already: wait, then use it
         if (out / PROVENANCE).exists():
             return out
         return _convert(out, log)

@@ -21,6 +21,8 @@ takes effect at once.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 GEMMA_FOLDER = "gemma-3-270m-hf"
@@ -75,3 +77,16 @@ def text_cache() -> Path:
 
 def probe_cache() -> Path:
     return home() / "cache" / "probes"
+
+
+@contextmanager
+def made_once(folder: Path) -> Iterator[None]:
+    """Held while ``folder`` is made on first use: a second process making it (a pytest
+    worker, a stream worker beside the CLI) waits on ``<folder>.lock``, then finds it made
+    and uses it instead of making it beside the first."""
+    import fcntl
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / (folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -113,7 +113,7 @@ class TextEncoder:
             vecs = (
                 np.stack(list(self._memory.values())) if self._memory else np.zeros((0, TEXT_DIM))
             )
-        tmp = self._disk_file().with_suffix(".tmp.npz")
+        tmp = self._disk_file().with_suffix(f".{os.getpid()}.tmp.npz")  # processes share it
         np.savez(tmp, keys=keys, vecs=vecs.astype(np.float32))
         tmp.replace(self._disk_file())
 
@@ -189,9 +189,18 @@ def distill_static(out: str | Path | None = None, *, source: str | Path | None =
     vocabulary token through MiniLM once, PCA to 384 dimensions, SIF weights), locally from
     the model folder; writes safetensors + tokenizer JSON to ``out``. Skips the work when
     ``out`` holds one already."""
+    from vigil import paths
+
     out = Path(out) if out else static_model_path()
     if (out / "model.safetensors").exists():
         return out
+    with paths.made_once(out):
+        if (out / "model.safetensors").exists():
+            return out
+        return _distill(out, source, log)
+
+
+def _distill(out: Path, source: str | Path | None, log: Callable[[str], None] | None) -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from model2vec.distill import distill
 
