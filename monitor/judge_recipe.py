@@ -18,12 +18,12 @@ class JudgeRecipe:
     evidence: int  # evidence before the question: 0 none, 1 provenance, 2 + goal alignment
     max_chars: int  # characters of trajectory shown per example
     epochs: float
-    max_examples: int  # training examples sampled (half safe, half unsafe per mode)
+    max_examples: int  # training examples (half safe, half unsafe per mode of each corpus)
     eval_examples: int  # held-out (val) examples for the loss and AUROC it reports
 
 
-# 29-35 min on a 2-core CPU with native bfloat16 (AMX, AVX512-BF16), 43 min or more in float32
-# without it (a leave-one-domain-out fold, a little smaller); about 12 GB of memory
+# 18-35 min on a 2-core CPU with native bfloat16 (AMX, AVX512-BF16; CPUs differ), 43 min or
+# more in float32 without it (a leave-one-domain-out fold, a little smaller); about 12 GB
 JUDGE = JudgeRecipe(method="full", evidence=2, max_chars=300, epochs=3.0, max_examples=400,
                    eval_examples=160)
 # `make demo`: a LoRA adapter of a few MB on 48 examples, a few minutes

@@ -16,7 +16,10 @@ steps with their step labels (and each trajectory's last step in trajectory mode
 trajectories in trajectory mode only (their labels are per trajectory), MiniWoB++ steps
 (rule labels, marked ``rule_label``), and hard negatives: benign steps whose observation
 gains a harmless instruction or alarming words (a judge that flags every instruction it
-reads is useless against injections it has not seen).
+reads is useless against injections it has not seen). The sample is half safe, half
+unsafe within each mode of each corpus: balanced over the corpora together, MiniWoB++'s
+nearly all-safe steps tilted AgentDojo's unsafe, and the judge could learn which corpus a
+prompt looks like instead of what the step does.
 
 **How it is trained** (:func:`~monitor.reviewer.train.train_judge`): transformers'
 ``Trainer``, full fine-tuning (the default recipe, :mod:`monitor.judge_recipe`: it transfers
