@@ -10,7 +10,7 @@ through the LM head (a 262k-token vocabulary for Gemma), so the cost is one
 prefix plus the short suffixes. The result is the same as scoring each prompt
 alone (``tests/reviewer/test_local.py`` checks it to 1e-3 nats).
 :meth:`NextTokenEngine.next_token_logits` reads a few tokens' logits only (the judge's
-two verdict tokens): the whole head, cast to float32 for every batch, was a tenth of a
+two verdict tokens): the whole head, cast to float32 for every batch, took about 30 % of a
 judge batch's time.
 
 **Attention.** The engine runs the model with eager attention (a model loaded
