@@ -12,7 +12,9 @@ STAMP  := $(VENV)/.installed
 APT_PACKAGES ?= chromium chromium-driver prometheus
 # Grafana's schema types and TypeScript, to type-check the dashboards (tsc --noEmit).
 SCHEMA_DIR := dashboards/schema
-PYTEST_ARGS ?=
+# two workers, each test file on one: on two cores one runs while the other waits on a
+# broker, a browser or a server
+PYTEST_ARGS ?= -n 2 --dist loadfile
 
 .PHONY: test demo install apt services lint bench clean models check-models
 

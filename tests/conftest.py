@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from streams.broker import EmbeddedBroker
 from streams.bus import Bus, InMemoryBus
 from streams.config import KafkaSettings, Topics
 from streams.kafka import KafkaBus
+from vigil.paths import made_once
 
 _ids = itertools.count()
 
@@ -53,15 +55,32 @@ def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
     b.close()
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str,
+               build: Callable[[Path], None]) -> Path:
+    """The folder ``name`` that ``build(folder)`` fills, built once per test run: under
+    pytest-xdist the workers share it (the first builds it under a lock; the others wait,
+    then read what it built). Tests read it and never write into it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    out = root / f"shared-{name}"
+    with made_once(out):
+        if not (out / ".built").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            build(out)
+            (out / ".built").touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def small_agentdojo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small real AgentDojo transition build (banking for training, slack held out)."""
     from worldmodel.datasets.agentdojo.build import build_agentdojo
 
-    out = tmp_path_factory.mktemp("agentdojo-small")
-    build_agentdojo(out, suites=["banking", "slack"], attacks=["important_instructions"],
-                    max_user_tasks=6, max_injection_tasks=3, progress=False)
-    return out
+    return built_once(tmp_path_factory, "agentdojo-small", lambda out: build_agentdojo(
+        out, suites=["banking", "slack"], attacks=["important_instructions"],
+        max_user_tasks=6, max_injection_tasks=3, progress=False))
 
 
 @pytest.fixture(scope="session")
@@ -70,13 +89,15 @@ def tiny_worldmodel_bundle(small_agentdojo: Path, tmp_path_factory: pytest.TempP
     from worldmodel.model import JEPAConfig
     from worldmodel.train import TrainConfig, train
 
-    out = tmp_path_factory.mktemp("bundle") / "wm"
     small = JEPAConfig(latent_dim=32, hidden_dim=64, history=2, predictor_layers=1,
                        predictor_heads=2, use_images=False)
-    train(TrainConfig(data=[str(small_agentdojo)], out=str(out), epochs=4, batch_size=32,
-                      text_cache=str(tmp_path_factory.mktemp("textcache")), model=small),
-          log=lambda _: None)
-    return out
+
+    def build(folder: Path) -> None:
+        train(TrainConfig(data=[str(small_agentdojo)], out=str(folder / "wm"), epochs=4,
+                          batch_size=32, text_cache=str(folder / "textcache"), model=small),
+              log=lambda _: None)
+
+    return built_once(tmp_path_factory, "bundle", build) / "wm"
 
 
 @pytest.fixture(scope="session")
@@ -85,10 +106,12 @@ def tiny_probe_bundle(small_agentdojo: Path, tmp_path_factory: pytest.TempPathFa
     from probes.models import load_probe_model
     from probes.pipeline import train_probe
 
-    out = tmp_path_factory.mktemp("probes") / "probe"
-    train_probe(load_probe_model(), small_agentdojo, out, layers=[3], train_limit=160,
-                n_splits=3, cache_dir=tmp_path_factory.mktemp("probe-cache"), log=lambda _: None)
-    return out
+    def build(folder: Path) -> None:
+        train_probe(load_probe_model(), small_agentdojo, folder / "probe", layers=[3],
+                    train_limit=160, n_splits=3, cache_dir=folder / "probe-cache",
+                    log=lambda _: None)
+
+    return built_once(tmp_path_factory, "probes", build) / "probe"
 
 
 @pytest.fixture(scope="session")
@@ -110,13 +133,13 @@ def tiny_policy(
     )
     from monitor.defaults import train_default_provenance
 
-    prov = tmp_path_factory.mktemp("provenance") / "prov"
-    train_default_provenance(small_agentdojo, prov, log=lambda _: None)
-    out = tmp_path_factory.mktemp("policy") / "policy.json"
-    calibrate_default(
-        config, [str(small_agentdojo)], out,
-        models={"worldmodel": str(tiny_worldmodel_bundle), "probes": str(tiny_probe_bundle),
-                "provenance": str(prov)},
-        sizes=DefaultSizes(1, (3,), 160, 300, 20), reviewer=False, log=lambda _: None,
-    )
-    return out
+    def build(folder: Path) -> None:
+        train_default_provenance(small_agentdojo, folder / "prov", log=lambda _: None)
+        calibrate_default(
+            config, [str(small_agentdojo)], folder / "policy.json",
+            models={"worldmodel": str(tiny_worldmodel_bundle),
+                    "probes": str(tiny_probe_bundle), "provenance": str(folder / "prov")},
+            sizes=DefaultSizes(1, (3,), 160, 300, 20), reviewer=False, log=lambda _: None,
+        )
+
+    return built_once(tmp_path_factory, "policy", build) / "policy.json"

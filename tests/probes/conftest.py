@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from probes.models import ProbeModel
+from tests.conftest import built_once
 
 
 @pytest.fixture(scope="session")
@@ -30,13 +31,6 @@ def tiny_banking(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny real AgentDojo build: banking, 6 user tasks, 2 injection tasks (train/val/test)."""
     from worldmodel.datasets.agentdojo.build import build_agentdojo
 
-    data = tmp_path_factory.mktemp("agentdojo-banking")
-    build_agentdojo(
-        data,
-        suites=["banking"],
-        attacks=["important_instructions"],
-        max_user_tasks=6,
-        max_injection_tasks=2,
-        progress=False,
-    )
-    return data
+    return built_once(tmp_path_factory, "agentdojo-banking", lambda data: build_agentdojo(
+        data, suites=["banking"], attacks=["important_instructions"], max_user_tasks=6,
+        max_injection_tasks=2, progress=False))
