@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from streams.broker import EmbeddedBroker
 from streams.bus import Bus, InMemoryBus
 from streams.config import KafkaSettings, Topics
 from streams.kafka import KafkaBus
-from vigil.paths import made_once
+from tests.built import built_once
 
 _ids = itertools.count()
 
@@ -53,24 +52,6 @@ def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
         b = KafkaBus(request.getfixturevalue("kafka_settings"))
     yield b
     b.close()
-
-
-def built_once(tmp_path_factory: pytest.TempPathFactory, name: str,
-               build: Callable[[Path], None]) -> Path:
-    """The folder ``name`` that ``build(folder)`` fills, built once per test run: under
-    pytest-xdist the workers share it (the first builds it under a lock; the others wait,
-    then read what it built). Tests read it and never write into it."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the run's folder, above each worker's own
-    out = root / f"shared-{name}"
-    with made_once(out):
-        if not (out / ".built").exists():
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir(parents=True)
-            build(out)
-            (out / ".built").touch()
-    return out
 
 
 @pytest.fixture(scope="session")

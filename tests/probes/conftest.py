@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from probes.models import ProbeModel
-from tests.conftest import built_once
+from tests.built import built_once
 
 
 @pytest.fixture(scope="session")

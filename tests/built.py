@@ -1,0 +1,30 @@
+"""Test artefacts built once per test run and shared by the pytest-xdist workers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from vigil.paths import made_once
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str,
+               build: Callable[[Path], None]) -> Path:
+    """The folder ``name`` that ``build(folder)`` fills, built once per test run: under
+    pytest-xdist the workers share it (the first builds it under a lock; the others wait,
+    then read what it built). Tests read it and never write into it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    out = root / f"shared-{name}"
+    with made_once(out):
+        if not (out / ".built").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            build(out)
+            (out / ".built").touch()
+    return out
