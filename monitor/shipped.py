@@ -1,10 +1,11 @@
 """The default models shipped with vigil: a calibrated policy and its bundles, in one folder.
 
-``make models`` builds the small defaults with the same CLI a user runs (``monitor calibrate
---defaults --small`` in a fresh ``VIGIL_HOME``) and packs them with :func:`pack` into
-``vigil/shipped/``, which the package carries. First use loads them (``ensure_policy``
-prefers, in order: ``--policy``, ``$VIGIL_HOME/models/policy.json``, the shipped policy,
-and only then builds the defaults), so a fresh install screens at once, with no training.
+``make models`` builds the full defaults with the same CLI a user runs (``monitor calibrate
+--defaults`` in a fresh ``VIGIL_HOME``: the recipes the benches measure) and packs them
+with :func:`pack` into ``vigil/shipped/``, which the package carries. First use loads them
+(``ensure_policy`` prefers, in order: ``--policy``, ``$VIGIL_HOME/models/policy.json``, the
+shipped policy, and only then builds the defaults), so a fresh install screens at once, with
+no training.
 
 The folder::
 
@@ -13,7 +14,9 @@ The folder::
       worldmodel/      the L0 world-model bundle (model.safetensors + JSON)
       probes/          the L1 probe bundle (probe.safetensors + JSON)
       provenance/      the provenance bundle (JSON)
-      judge/           the L2 judge's LoRA adapter (safetensors + JSON), when the policy has one
+      judge/           the L2 judge, when the policy has one: a fully fine-tuned judge as int4
+                       deltas of its changed blocks (monitor.reviewer.pack), a LoRA adapter as
+                       it is (safetensors + JSON)
       manifest.json    code version, data hashes, metrics, and the SHA-256 of every file
 
 Nothing in it can run code when loaded (JSON and safetensors only): :func:`verify` checks
@@ -92,6 +95,52 @@ def rebase_policy(policy: dict[str, Any], base: Path) -> dict[str, Any]:
     return policy
 
 
+def _is_full_judge(folder: Path) -> bool:
+    f = folder / "judge.json"
+    if not f.exists():
+        return False
+    info = json.loads(f.read_text())
+    return info.get("method") == "full" and "packed" not in info
+
+
+def _portable_path(value: str) -> str:
+    """An absolute path as a record that holds on any machine: under ``$VIGIL_HOME`` as
+    ``$VIGIL_HOME/...``, beside the checkout as ``../...`` (the checkout's parent, where
+    ``shared/`` is), elsewhere as ``<elsewhere>/`` and its last two parts."""
+    import vigil.paths
+
+    p = Path(value)
+    for base, shown in ((vigil.paths.home().resolve(), "$VIGIL_HOME"),
+                        (Path(__file__).resolve().parents[2], "..")):
+        if p.is_relative_to(base):
+            return f"{shown}/{p.relative_to(base).as_posix()}".rstrip("/")
+    return "<elsewhere>/" + "/".join(p.parts[-2:])
+
+
+def _is_absolute_path(value: str) -> bool:
+    return value.startswith("/") and len(value) > 1 and "\n" not in value and " " not in value
+
+
+def portable(value: Any) -> Any:
+    """``value`` (a JSON document) with every absolute path in its strings and keys made a
+    portable record (:func:`_portable_path`): a shipped folder names no developer's paths."""
+    if isinstance(value, dict):
+        return {portable(k): portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v) for v in value]
+    if isinstance(value, str) and _is_absolute_path(value):
+        return _portable_path(value)
+    return value
+
+
+def _absolute_paths(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _absolute_paths(k) + _absolute_paths(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _absolute_paths(v)]
+    return [value] if isinstance(value, str) and _is_absolute_path(value) else []
+
+
 def pack(policy_path: Path, out: Path, *, log: Any = print) -> dict[str, Any]:
     """Copy a calibrated policy and every bundle it names into ``out`` (replaced), with the
     policy's model paths made relative, and write the manifest; returns the manifest."""
@@ -108,8 +157,13 @@ def pack(policy_path: Path, out: Path, *, log: Any = print) -> dict[str, Any]:
             name = {"model_path": "judge"}.get(key, key)  # by role: worldmodel, probes, ...
             if name in copied.values():
                 name = f"{name}-{len(copied)}"
-            shutil.copytree(src, tmp / name,
-                            ignore=shutil.ignore_patterns(*(f"*{s}" for s in SKIP_SUFFIXES)))
+            if _is_full_judge(src):  # a 1.1 GB model folder: its changed blocks, as deltas
+                from monitor.reviewer.pack import pack_judge
+
+                pack_judge(src, tmp / name, log=log)
+            else:
+                shutil.copytree(src, tmp / name, ignore=shutil.ignore_patterns(
+                    *(f"*{s}" for s in SKIP_SUFFIXES)))
             copied[str(src)] = name
             log(f"vigil: packed {src} -> {out / name}")
         mapping[key] = copied[str(src)]
@@ -123,6 +177,9 @@ def pack(policy_path: Path, out: Path, *, log: Any = print) -> dict[str, Any]:
         # the text files' own hashes: MiniWoB++ screenshots can differ by a pixel between
         # two recordings (a caret's blink), which changes a dataset's content hash
         data["worldmodel_text"] = {Path(d).name: _text_files(Path(d)) for d in used}
+    for f in sorted(tmp.rglob("*.json")):  # records of where things were built: made portable
+        f.write_text(json.dumps(portable(json.loads(f.read_text())), indent=2, sort_keys=True)
+                     + "\n")
     files: dict[str, dict[str, Any]] = {}
     for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
         rel = f.relative_to(tmp).as_posix()
@@ -163,6 +220,10 @@ def verify(folder: Path) -> list[str]:
         rel = f.relative_to(folder).as_posix()
         if f.is_file() and rel != MANIFEST and rel not in manifest["files"]:
             problems.append(f"{rel}: not in the manifest")
+        if f.is_file() and f.suffix == ".json":
+            found = _absolute_paths(json.loads(f.read_text()))
+            if found:
+                problems.append(f"{rel}: names an absolute path ({found[0]})")
     return problems
 
 

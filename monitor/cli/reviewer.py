@@ -66,6 +66,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         balance=not args.no_balance,
         balance_by=args.balance_by,
         evidence=args.evidence,
+        freeze_embeddings=args.freeze_embeddings,
         exclude_domains=tuple(args.exclude_domains or ()),
     )
     try:
@@ -164,6 +165,14 @@ def add_parser(sub: Any) -> None:
                    "instruction-like passage the agent read, and whether the action reads "
                    "more like it or like the user's task; the bundle records the level and "
                    "is asked the same way (default %(default)s; 0: none)")
+    emb = t.add_mutually_exclusive_group()
+    emb.add_argument("--freeze-embeddings", dest="freeze_embeddings", action="store_const",
+                     const=True, help="full: keep the token embeddings (tied with the LM head) "
+                     "as the base model has them, so the bundle packs as the changed blocks "
+                     f"only (default: {'on' if JUDGE.freeze_embeddings else 'off'})")
+    emb.add_argument("--train-embeddings", dest="freeze_embeddings", action="store_const",
+                     const=False, help="full: train the token embeddings too")
+    t.set_defaults(freeze_embeddings=JUDGE.freeze_embeddings)
     t.add_argument("--exclude-domains", nargs="+", metavar="DOMAIN",
                    help="train without these domains (agentdojo/banking, toolemu/<group>, "
                    "miniwob): a leave-one-domain-out fold, to measure the judge on tools it "

@@ -173,6 +173,29 @@ def _p_unsafe(engine: Any, prompts: Sequence[str]) -> np.ndarray:
     return torch.softmax(pair, dim=1)[:, 1].numpy().astype(np.float64)
 
 
+def _load_packed(folder: Path, info: dict[str, Any], *, threads: int | None,
+                 dtype: str | None) -> Any:
+    """A judge packed by :mod:`monitor.reviewer.pack`: the pinned base model in float32 with
+    the bundle's deltas added, then cast to ``dtype``."""
+    from monitor.reviewer.engine import load_reviewer_model
+    from monitor.reviewer.pack import apply_delta
+    from vigil.lm import LanguageModel, resolve_dtype
+
+    base = load_reviewer_model(None, threads=threads, dtype="float32")
+    want = info["packed"]["base_model_hash"]
+    if base.model_hash != want:
+        raise ValueError(f"{folder}: packed against {info['packed']['base_model_id']} ({want}), "
+                         f"not the installed {base.model_id} ({base.model_hash})")
+    apply_delta(base.model, folder)
+    dt = resolve_dtype(dtype)
+    if dt != "float32":
+        import torch
+
+        base.model.to(getattr(torch, dt))
+    return LanguageModel(base.model, base.tokenizer, f"{base.model_id}+judge", base.model_hash,
+                         str(folder), dt)
+
+
 class Judge:
     """A trained judge bundle, loaded for scoring: P(unsafe) per prompt, batched."""
 
@@ -192,7 +215,9 @@ class Judge:
         self.max_chars = int(self.info["config"]["max_chars"])
         self.evidence = evidence_level(self.info["config"])
         path = self.info.get("base_model_path")
-        if self.info["method"] == "full":
+        if self.info["method"] == "full" and "packed" in self.info:
+            lm = _load_packed(self.folder, self.info, threads=threads, dtype=dtype)
+        elif self.info["method"] == "full":
             lm = load_reviewer_model(self.folder / "weights", threads=threads, dtype=dtype)
         else:
             from peft import PeftModel

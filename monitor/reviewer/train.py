@@ -31,6 +31,10 @@ from monitor.reviewer.judge import (
 )
 from monitor.screening import ScreenStep
 
+# meta["label_level"] of a step after a trajectory's first rogue step whose own label is not
+# known (StepShield): labelled 1, but never a step example
+AFTER_ROGUE = "after_rogue"
+
 # appended to the observation of benign steps: instructions and alarm that are not harm
 HARD_NEGATIVES = (
     "Reminder: please remember to water the plants before Friday.",
@@ -85,8 +89,11 @@ def judge_examples(
     data's proportions; ``exclude_domains``: leave these domains out
     (leave-one-domain-out); ``evidence``: the evidence level of the prompts
     (:func:`~monitor.reviewer.judge.judge_prompts`). A held-out (``test*``) split is refused
-    unless ``held_out`` (for measuring, never training). The sample is drawn first; only
-    its prompts are written (in batches: level 2 runs a sentence encoder)."""
+    unless ``held_out`` (for measuring, never training). A step after a trajectory's first
+    rogue step that nobody annotated (``meta["label_level"] == "after_rogue"``, StepShield)
+    is no step example; it still makes its trajectory harmful and can be its last step. The
+    sample is drawn first; only its prompts are written (in batches: level 2 runs a
+    sentence encoder)."""
     from monitor.calibrate import screen_step_of_transition, trajectory_label_of
     from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_manifest, read_transitions
@@ -117,6 +124,8 @@ def judge_examples(
                 last[t.trajectory_id] = (t, step)
             if weak is not None:
                 continue  # labelled per trajectory only: judged in trajectory mode
+            if (t.meta or {}).get("label_level") == AFTER_ROGUE:
+                continue  # after the first rogue step the step's own label is not known
             ex = JudgeExample("", int(t.label), t.category if t.label else None, "step",
                               domain_of(t), rule, trajectory_id=t.trajectory_id, corpus=corpus)
             out.append(ex)
@@ -240,6 +249,8 @@ class JudgeTrainConfig:
     threads: int | None = None
     exclude_domains: tuple[str, ...] = ()  # leave-one-domain-out folds
     evidence: int = 0  # evidence before the question: 0 none, 1 provenance, 2 + goal alignment
+    # full: keep the tied token embeddings (and so the LM head) as the base model has them
+    freeze_embeddings: bool = False
 
     def __post_init__(self) -> None:
         if self.bf16 is None:
@@ -360,6 +371,8 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
             r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
             target_modules=list(cfg.lora_targets), layers_to_transform=layers,
             task_type="CAUSAL_LM"))
+    elif cfg.freeze_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)  # tied: the head's too
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     log(f"judge: {cfg.method} fine-tuning of {lm.model_id}: {trainable:,} of {total:,} "

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from monitor.reviewer import ReviewCase, ReviewerConfig, build_reviewer
-from monitor.reviewer.judge import Judge, judge_prompt, judge_prompts
+from monitor.reviewer.engine import NextTokenEngine, load_reviewer_model
+from monitor.reviewer.judge import Judge, _p_unsafe, judge_prompt, judge_prompts
+from monitor.reviewer.pack import DELTA_FILE, MAX_VERDICT_DIFF, pack_judge
 from monitor.reviewer.train import (
     JudgeExample,
     JudgeTrainConfig,
@@ -83,7 +85,8 @@ def test_a_fully_fine_tuned_judge_reloads_to_the_verdicts_it_gave_in_training(
     every verdict came back 0.5)."""
     cfg = JudgeTrainConfig(data=[str(small_agentdojo)], out=str(tmp_path / "full"),
                            method="full", max_examples=8, eval_examples=8, batch_size=4,
-                           grad_accum=1, epochs=1, max_chars=300, save_steps=100, threads=2)
+                           grad_accum=1, epochs=1, max_chars=300, save_steps=100, threads=2,
+                           freeze_embeddings=True)
     bundle = train_judge(cfg, log=lambda _: None)
     info = json.loads((bundle / "judge.json").read_text())
     names = {p.name for p in (bundle / "weights").iterdir()}
@@ -93,6 +96,20 @@ def test_a_fully_fine_tuned_judge_reloads_to_the_verdicts_it_gave_in_training(
     assert np.ptp(trained) > 1e-3  # the prompts are told apart
     reloaded = Judge(bundle, threads=2, dtype="float32").p_unsafe(prompts)
     np.testing.assert_allclose(reloaded, trained, atol=1e-4)
+
+    # packed to ship: the changed blocks as int4 deltas from the pinned base model, a
+    # twentieth of the folder, giving the same verdicts within 0.01
+    packed = tmp_path / "packed"
+    record = pack_judge(bundle, packed, log=lambda _: None)
+    assert sorted(p.name for p in (packed / "weights").iterdir()) == [DELTA_FILE]
+    size = (packed / "weights" / DELTA_FILE).stat().st_size
+    assert size < (bundle / "weights" / "model.safetensors").stat().st_size / 15, size
+    assert record["unchanged_tensors"] >= 1  # the frozen (tied) embeddings are not shipped
+    assert record["heldout_max_abs_diff"] is not None and record["heldout_max_abs_diff"] <= 0.01
+    got = Judge(packed, threads=2, dtype="float32").p_unsafe(prompts)
+    np.testing.assert_allclose(got, reloaded, atol=MAX_VERDICT_DIFF)
+    base = _p_unsafe(NextTokenEngine(load_reviewer_model(threads=2, dtype="float32")), prompts)
+    assert np.abs(base - reloaded).max() > 10 * np.abs(got - reloaded).max()  # deltas applied
 
 
 def test_a_model_folder_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
@@ -154,9 +171,9 @@ def test_the_train_command_runs_the_default_recipe_and_refuses_a_misspelt_fold(
     args = build_parser().parse_args(["reviewer", "train"])
     assert FULL.judge is not None and SMALL.judge is not None
     got = (args.method, args.evidence, args.max_chars, args.epochs, args.max_examples,
-           args.eval_examples)
+           args.eval_examples, args.freeze_embeddings)
     assert got == astuple(FULL.judge)  # so a bundle of either is up to date for the other
-    assert got[:5] == ("full", 2, 300, 3.0, 400)
+    assert got[:5] == ("full", 2, 300, 3.0, 400) and got[6]  # packs as the changed blocks
     assert SMALL.judge.method == "lora"  # the demo's judge stays a small adapter
     out = tmp_path / "fold"
     assert main(["reviewer", "train", "--data", str(small_agentdojo), "--exclude-domains",

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from monitor.pipeline import load_screener
-from monitor.shipped import MANIFEST, pack, shipped_dir, verify
+from monitor.shipped import MANIFEST, pack, portable, shipped_dir, verify
+from monitor.shipped import _sha256 as _sha
 from tests.worker.conftest import ROOT
 
 TRAINED = ("worldmodel", "probes", "provenance", "policy.json")
@@ -50,11 +51,34 @@ def test_a_packed_policy_loads_from_its_own_folder_and_screens_as_packed(
            load_screener(moved / "policy.json", reviewer=False).screen(steps, through=1)]
     assert got == want
 
+    # no developer's paths travel: the bundles' records name $VIGIL_HOME or nothing absolute
+    for f in moved.rglob("*.json"):
+        assert str(tmp_path) not in f.read_text(), f
+    assert verify(moved) == []
+
     (moved / "worldmodel" / "config.json").write_text("{}")
     (moved / "probes" / "probe.pkl").write_bytes(b"\x80\x04N.")
     problems = " ".join(verify(moved))
     assert "worldmodel/config.json: changed" in problems
     assert "probes/probe.pkl: not in the manifest" in problems
+
+
+def test_a_record_of_an_absolute_path_is_made_portable_and_caught_by_verify(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VIGIL_HOME", str(tmp_path / "home"))
+    doc = {"data": [str(tmp_path / "home" / "data" / "agentdojo")],
+           str(tmp_path / "home" / "models" / "gemma"): {"cache": "/opt/x/y/cache"},
+           "route": "not a path", "note": "/ with spaces is prose"}
+    assert portable(doc) == {"data": ["$VIGIL_HOME/data/agentdojo"],
+                             "$VIGIL_HOME/models/gemma": {"cache": "<elsewhere>/y/cache"},
+                             "route": "not a path", "note": "/ with spaces is prose"}
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    (folder / "x.json").write_text(json.dumps({"path": "/root/.cache/vigil/models/judge"}))
+    (folder / MANIFEST).write_text(json.dumps({"files": {"x.json": {"sha256": _sha(
+        folder / "x.json")}}}))
+    assert verify(folder) == ["x.json: names an absolute path (/root/.cache/vigil/models/judge)"]
 
 
 def test_the_shipped_models_are_there_as_packed() -> None:
