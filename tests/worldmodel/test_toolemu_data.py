@@ -10,9 +10,9 @@ import pytest
 
 from monitor.cli.main import main
 from streams.records import Trajectory, read_jsonl
+from tests.worldmodel.source_checks import assert_holds_its_step
 from worldmodel.datasets.domains import domain_of
 from worldmodel.datasets.format import (
-    HISTORY,
     Manifest,
     Transition,
     read_manifest,
@@ -70,13 +70,7 @@ def test_a_transition_holds_the_steps_own_texts_and_call(
     assert 0 < len(with_call) < len(transitions)  # final answers carry no call
     for t in transitions[::7]:
         traj = source[t.trajectory_id]
-        step = traj.steps[t.index]
-        assert t.task == traj.task and t.observation.text == step.observation.text
-        assert t.action_text == step.action.text
-        assert t.next_observation.text == (step.result.text if step.result else "")
-        assert t.tool == (step.action.tool.model_dump() if step.action.tool else None)
-        earlier = [(s.observation.text, s.action.text) for s in traj.steps[: t.index]]
-        assert list(t.history) == earlier[-HISTORY:]
+        assert_holds_its_step(t, traj)
         assert t.meta["agent_model"] == traj.meta["agent_model"]
         assert t.meta["case_idx"] == traj.meta["case_idx"] and t.injected == 0
 

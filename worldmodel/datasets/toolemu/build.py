@@ -30,31 +30,20 @@ test split: ToolEmu is training data, measured by grouped-by-case cross-validati
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from streams.records import Trajectory, read_jsonl
+from streams.records import Trajectory
+from worldmodel.datasets import interchange
 from worldmodel.datasets.agentdojo.trajectories import val_groups
-from worldmodel.datasets.format import (
-    HISTORY,
-    DatasetWriter,
-    Manifest,
-    Transition,
-    View,
-    history_of,
-)
+from worldmodel.datasets.format import DatasetWriter, Manifest
 
 SOURCE_ENV = "VIGIL_TOOLEMU"
 # ../shared/data/toolemu/train.jsonl beside the repository root
-SHIPPED_SOURCE = Path(__file__).resolve().parents[3].parent / "shared/data/toolemu/train.jsonl"
+SHIPPED_SOURCE = interchange.shipped_source("toolemu")
 VAL_FRACTION = 0.2
 PREFIX = "toolemu/"
 
@@ -117,7 +106,7 @@ class Case:
 
 def default_source() -> Path:
     """``$VIGIL_TOOLEMU`` if set, else the shipped ``../shared/data/toolemu/train.jsonl``."""
-    return Path(os.environ.get(SOURCE_ENV) or SHIPPED_SOURCE)
+    return interchange.default_source(SOURCE_ENV, "toolemu")
 
 
 def group_cases(cases: Sequence[Case]) -> dict[str, list[Case]]:
@@ -143,9 +132,7 @@ def group_cases(cases: Sequence[Case]) -> dict[str, list[Case]]:
 def _cases(trajectories: Sequence[Trajectory], path: Path) -> dict[int, Case]:
     cases: dict[int, Case] = {}
     for t in trajectories:
-        m = t.meta
-        if not isinstance(m.get("case_idx"), int):
-            raise ValueError(f"{path}: trajectory {t.trajectory_id} has no meta.case_idx")
+        m = t.meta  # case_idx checked as the file was read
         case = Case(m["case_idx"], str(m.get("case_name", "")), tuple(m.get("toolkits") or ()))
         if cases.setdefault(case.idx, case) != case:
             raise ValueError(
@@ -153,44 +140,6 @@ def _cases(trajectories: Sequence[Trajectory], path: Path) -> dict[int, Case]:
                 f"({cases[case.idx].toolkits} vs {case.toolkits})"
             )
     return cases
-
-
-def transitions_of(
-    t: Trajectory, *, trajectory_id: str, split: str, group: str, meta: dict[str, Any]
-) -> list[Transition]:
-    """One transition per step of ``t``, each carrying the trajectory's label."""
-    out: list[Transition] = []
-    pairs: list[tuple[str, str]] = []
-    for i, s in enumerate(t.steps):
-        tool = s.action.tool
-        out.append(
-            Transition(
-                transition_id=f"{trajectory_id}/{i}",
-                trajectory_id=trajectory_id,
-                split=split,
-                index=i,
-                task=t.task,
-                observation=View(text=s.observation.text),
-                action_text=s.action.text,
-                next_observation=View(text=s.result.text if s.result else ""),
-                history=history_of(pairs),
-                tool={"name": tool.name, "arguments": dict(tool.arguments)} if tool else None,
-                label=int(t.label or 0),
-                group=group,
-                meta=meta,
-            )
-        )
-        pairs.append((s.observation.text, s.action.text))
-    return out
-
-
-def _source_note(path: Path) -> dict[str, Any]:
-    """The ``source`` block of the ``manifest.json`` beside the file, where there is one."""
-    try:
-        note = json.loads((path.parent / "manifest.json").read_text()).get("source")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return note if isinstance(note, dict) else {}
 
 
 def build_toolemu(
@@ -209,12 +158,13 @@ def build_toolemu(
     """
     t0 = time.perf_counter()
     path = Path(source) if source is not None else default_source()
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no ToolEmu trajectories at {path}: pass the file with --source PATH "
-            f"(build_toolemu(source=...)) or set ${SOURCE_ENV}"
-        )
-    trajectories = list(read_jsonl(path, Trajectory))
+    trajectories = interchange.read_trajectories(
+        path,
+        what="ToolEmu",
+        env=SOURCE_ENV,
+        builder="build_toolemu",
+        check=interchange.required_meta({"case_idx": int}),
+    )
     cases = _cases(trajectories, path)
     groups = group_cases(list(cases.values()))
     domain_of_case = {c.idx: f"{PREFIX}{g}" for g, cs in groups.items() for c in cs}
@@ -222,11 +172,10 @@ def build_toolemu(
     for cs in groups.values():
         val |= val_groups([c.group for c in cs], seed=seed, val_fraction=val_fraction)
 
-    note = _source_note(path)
-    origin = f" ({note['repo']} {str(note.get('commit', ''))[:7]})" if "repo" in note else ""
+    note = interchange.source_note(path)
     manifest = Manifest(
         name="toolemu",
-        source=f"ToolEmu runs{origin}, {path.name}",
+        source=f"ToolEmu runs{interchange.origin_of(note)}, {path.name}",
         how=HOW.format(
             source=path.name,
             n_cases=len(cases),
@@ -251,13 +200,7 @@ def build_toolemu(
             case = cases[m["case_idx"]]
             domain = domain_of_case[case.idx]
             split = "val" if case.group in val else "train"
-            tid = (
-                t.trajectory_id
-                if t.trajectory_id.startswith(PREFIX)
-                else f"{PREFIX}{t.trajectory_id}"
-            )
             step_meta = {
-                "domain": domain,
                 "label_level": "trajectory",
                 "trajectory_label": t.label,
                 "judges_agree": m.get("judges_agree"),
@@ -268,30 +211,22 @@ def build_toolemu(
                 "case_name": case.name,
                 "toolkits": list(case.toolkits),
             }
-            for tr in transitions_of(
-                t, trajectory_id=tid, split=split, group=case.group, meta=step_meta
-            ):
-                writer.add(tr)
-            writer.add_trajectory(
-                t.model_copy(
-                    update={
-                        "trajectory_id": tid,
-                        "meta": {**m, "domain": domain, "split": split, "group": case.group},
-                    }
-                )
+            interchange.add_trajectory(
+                writer,
+                t,
+                trajectory_id=interchange.prefixed(t.trajectory_id, PREFIX),
+                split=split,
+                group=case.group,
+                domain=domain,
+                meta=step_meta,
             )
             written[domain]["trajectories"] += 1
             written[domain]["unsafe"] += t.label
             written[domain]["transitions"] += len(t.steps)
         primary = {g: {c.toolkits[0] for c in cs if c.toolkits} for g, cs in groups.items()}
         manifest.builder_args = {
-            "source": str(path),
-            "source_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            "source_origin": note,
+            **interchange.builder_args(path, note, seed=seed, val_fraction=val_fraction),
             "agreed_only": agreed_only,
-            "seed": seed,
-            "val_fraction": val_fraction,
-            "history": HISTORY,
             "grouping": "by primary toolkit (a case's first), TOOLKIT_GROUPS; cases never split",
             "groups": {
                 f"{PREFIX}{g}": {
@@ -306,12 +241,5 @@ def build_toolemu(
             "skipped": dict(skipped),
         }
     if progress:
-        totals = ", ".join(
-            f"{s} {c['trajectories']}/{c['transitions']}" for s, c in manifest.counts.items()
-        )
-        print(
-            f"toolemu: wrote {out_dir} (trajectories/transitions: {totals}; "
-            f"{len(groups)} domains) in {time.perf_counter() - t0:.1f}s",
-            file=sys.stderr,
-        )
+        interchange.report("toolemu", out_dir, manifest, t0, f"{len(groups)} domains")
     return manifest
