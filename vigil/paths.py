@@ -6,6 +6,9 @@ Every path under the home is spelled here and nowhere else::
         data/agentdojo/           AgentDojo transitions   (monitor worldmodel build-data agentdojo)
         data/miniwob/             MiniWoB++ transitions   (monitor worldmodel build-data miniwob)
         data/toolemu/             ToolEmu transitions     (monitor worldmodel build-data toolemu)
+        data/openagentsafety/     OpenAgentSafety transitions
+                                  (monitor worldmodel build-data openagentsafety)
+        data/stepshield/          StepShield transitions  (monitor worldmodel build-data stepshield)
         data/canaries.jsonl       the default canary set  (built from the training split)
         models/worldmodel/        the L0 world-model bundle
         models/probes/            the L1 probe bundle
@@ -38,7 +41,8 @@ def data_dir() -> Path:
 
 
 def dataset(name: str) -> Path:
-    """A transition dataset by source name (``agentdojo``, ``miniwob``, ``toolemu``)."""
+    """A transition dataset by source name (``agentdojo``, ``miniwob``, ``toolemu``,
+    ``openagentsafety``, ``stepshield``)."""
     return data_dir() / name
 
 

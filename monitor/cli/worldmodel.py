@@ -36,6 +36,14 @@ def cmd_build_data(args: argparse.Namespace) -> int:
         m = build_toolemu(
             out, source=args.source_path, agreed_only=args.agreed_only, seed=args.seed
         )
+    elif args.source == "openagentsafety":
+        from worldmodel.datasets.openagentsafety.build import build_openagentsafety
+
+        m = build_openagentsafety(out, source=args.source_path, seed=args.seed)
+    elif args.source == "stepshield":
+        from worldmodel.datasets.stepshield.build import build_stepshield
+
+        m = build_stepshield(out, source=args.source_path, seed=args.seed)
     else:
         from worldmodel.datasets.miniwob.build import DEFAULT_EPISODES, build_miniwob
 
@@ -116,6 +124,8 @@ def add_parser(sub: Any) -> None:
         epilog="examples:\n  monitor worldmodel build-data agentdojo\n"
         "  monitor worldmodel build-data miniwob --tasks click-button email-inbox\n"
         "  monitor worldmodel build-data toolemu --agreed-only\n"
+        "  monitor worldmodel build-data openagentsafety\n"
+        "  monitor worldmodel build-data stepshield --source train.jsonl --out /tmp/stepshield\n"
         "  monitor worldmodel train --epochs 8\n"
         "  monitor worldmodel eval --out bench/results/worldmodel_eval.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -125,9 +135,13 @@ def add_parser(sub: Any) -> None:
     b = wsub.add_parser(
         "build-data",
         help="build a transition dataset",
-        description="Build a transition dataset (default: $VIGIL_HOME/data/SOURCE).",
+        description="Build a transition dataset (default: $VIGIL_HOME/data/SOURCE). "
+        "agentdojo and miniwob run their environments; toolemu, openagentsafety and "
+        "stepshield read a file of interchange trajectories (--source).",
     )
-    b.add_argument("source", choices=["agentdojo", "miniwob", "toolemu"])
+    b.add_argument(
+        "source", choices=["agentdojo", "miniwob", "toolemu", "openagentsafety", "stepshield"]
+    )
     b.add_argument("--out", help="output folder")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--suites", nargs="+", help="agentdojo: suites (default: all four)")
@@ -145,8 +159,9 @@ def add_parser(sub: Any) -> None:
         "--source",
         dest="source_path",
         metavar="PATH",
-        help="toolemu: the trajectories file (default: $VIGIL_TOOLEMU, else "
-        "../shared/data/toolemu/train.jsonl beside the checkout)",
+        help="toolemu, openagentsafety, stepshield: the trajectories file (default: "
+        "$VIGIL_TOOLEMU, $VIGIL_OPENAGENTSAFETY or $VIGIL_STEPSHIELD, else "
+        "../shared/data/SOURCE/train.jsonl beside the checkout)",
     )
     b.add_argument(
         "--agreed-only",

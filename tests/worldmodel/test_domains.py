@@ -45,3 +45,5 @@ def test_domain_of_reads_ids_and_meta() -> None:
     assert domain_of_id("agentdojo/slack/user_task_1/injection_task_2/direct") == "agentdojo/slack"
     assert domain_of_id("miniwob/click-button/random/3") == "miniwob"
     assert domain_of_id("toolemu/x", {"domain": "toolemu/finance"}) == "toolemu/finance"
+    assert domain_of_id("openagentsafety/openagentsafety-gpt-4o-safety-csv") == "openagentsafety"
+    assert domain_of_id("stepshield/stepshield-SEC-L1-004-0a1b2c3d4e") == "stepshield"

@@ -8,7 +8,10 @@ tools and tasks:
   ``slack`` is held out whole, and so is every attack template but the training one);
 * ``toolemu/<group>``: one group of ToolEmu toolkits (the builder groups cases by toolkit,
   never splitting a case; the group rides in ``meta["domain"]``);
-* ``miniwob``: the MiniWoB++ GUI tasks.
+* ``miniwob``: the MiniWoB++ GUI tasks;
+* ``openagentsafety``: OpenHands agents on OpenAgentSafety's simulated-company tasks
+  (shell, browser, files, chat with colleagues), one domain;
+* ``stepshield``: StepShield's synthetic code-agent trajectories, one domain.
 
 :func:`domain_of` reads a transition's domain; :func:`lodo_folds` yields, for each training
 domain, the indices of every *other* training domain (fit) and of that domain (score).
@@ -33,7 +36,7 @@ def domain_of_id(trajectory_id: str, meta: dict[str, Any] | None = None) -> str:
     parts = trajectory_id.split("/")
     if parts[0] == "agentdojo" and len(parts) > 1:
         return f"agentdojo/{parts[1]}"
-    if parts[0] in ("miniwob", "toolemu"):
+    if parts[0] in ("miniwob", "toolemu", "openagentsafety", "stepshield"):
         return parts[0]
     return parts[0] or "unknown"
 
