@@ -34,6 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from monitor.policy_files import model_fields, rebase_policy
+
+__all__ = ["model_fields", "pack", "portable", "rebase_policy", "shipped_policy", "verify"]
+
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 # what a shipped folder may hold: formats that cannot run code when loaded
@@ -63,19 +67,6 @@ def _code_version() -> str:
         return "unknown"
 
 
-def _model_fields(policy: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
-    """The (mapping, key) pairs of a policy dict that hold a model folder."""
-    out: list[tuple[dict[str, Any], str]] = []
-    models = policy.get("data", {}).get("models") or {}
-    out += [(models, k) for k in models]
-    for tier in (policy.get("config", {}).get("tiers") or {}).values():
-        ms = tier.get("models") or {}
-        out += [(ms, k) for k in ms if ms[k]]
-        if tier.get("reviewer") and tier["reviewer"].get("model_path"):
-            out.append((tier["reviewer"], "model_path"))
-    return out
-
-
 def _text_files(dataset: Path) -> dict[str, str]:
     """SHA-256 of each JSON Lines file of a dataset, from its manifest ({} without one)."""
     f = dataset / "manifest.json"
@@ -83,16 +74,6 @@ def _text_files(dataset: Path) -> dict[str, str]:
         return {}
     files = json.loads(f.read_text()).get("files", {})
     return {name: sha for name, sha in sorted(files.items()) if name.endswith(".jsonl")}
-
-
-def rebase_policy(policy: dict[str, Any], base: Path) -> dict[str, Any]:
-    """``policy`` (a policy file's dict) with each relative model folder that exists under
-    ``base`` made absolute (a packed policy names its bundles relative to its own folder)."""
-    for mapping, key in _model_fields(policy):
-        value = mapping[key]
-        if isinstance(value, str) and not Path(value).is_absolute() and (base / value).exists():
-            mapping[key] = str(base / value)
-    return policy
 
 
 def _is_full_judge(folder: Path) -> bool:
@@ -149,7 +130,7 @@ def pack(policy_path: Path, out: Path, *, log: Any = print) -> dict[str, Any]:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     copied: dict[str, str] = {}  # source folder -> name in out
-    for mapping, key in _model_fields(policy):
+    for mapping, key in model_fields(policy):
         src = Path(mapping[key]).expanduser()
         if not src.is_dir():
             raise FileNotFoundError(f"{policy_path}: names {key} = {src}, which is not a folder")
@@ -159,8 +140,9 @@ def pack(policy_path: Path, out: Path, *, log: Any = print) -> dict[str, Any]:
                 name = f"{name}-{len(copied)}"
             if _is_full_judge(src):  # a 1.1 GB model folder: its changed blocks, as deltas
                 from monitor.reviewer.pack import pack_judge
+                from monitor.reviewer.train import packed_verdict_diff
 
-                pack_judge(src, tmp / name, log=log)
+                pack_judge(src, tmp / name, check=packed_verdict_diff, log=log)
             else:
                 shutil.copytree(src, tmp / name, ignore=shutil.ignore_patterns(
                     *(f"*{s}" for s in SKIP_SUFFIXES)))

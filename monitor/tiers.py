@@ -522,7 +522,7 @@ class CalibratedPolicy:
         p = Path(path).expanduser()
         if not p.exists():
             raise PolicyError(f"{p}: no calibrated policy; make one with `monitor calibrate`")
-        from monitor.shipped import rebase_policy
+        from monitor.policy_files import rebase_policy
 
         try:  # a packed policy names its bundles relative to its own folder
             return cls.from_dict(rebase_policy(json.loads(p.read_text()), p.parent))

@@ -67,6 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         balance_by=args.balance_by,
         evidence=args.evidence,
         freeze_embeddings=args.freeze_embeddings,
+        layers=args.layers,
         exclude_domains=tuple(args.exclude_domains or ()),
     )
     try:
@@ -173,6 +174,9 @@ def add_parser(sub: Any) -> None:
     emb.add_argument("--train-embeddings", dest="freeze_embeddings", action="store_const",
                      const=False, help="full: train the token embeddings too")
     t.set_defaults(freeze_embeddings=JUDGE.freeze_embeddings)
+    t.add_argument("--layers", type=int, metavar="N",
+                   help="keep only the first N decoder blocks: a truncated judge, N/18 of the "
+                   "cost, for L1 (default: all)")
     t.add_argument("--exclude-domains", nargs="+", metavar="DOMAIN",
                    help="train without these domains (agentdojo/banking, toolemu/<group>, "
                    "miniwob): a leave-one-domain-out fold, to measure the judge on tools it "

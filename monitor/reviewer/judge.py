@@ -187,6 +187,11 @@ def _load_packed(folder: Path, info: dict[str, Any], *, threads: int | None,
         raise ValueError(f"{folder}: packed against {info['packed']['base_model_id']} ({want}), "
                          f"not the installed {base.model_id} ({base.model_hash})")
     apply_delta(base.model, folder)
+    layers = info["config"].get("layers")
+    if layers:  # a truncated judge: the blocks after its first N are not its own
+        from probes.models import keep_first_layers
+
+        keep_first_layers(base.model, int(layers))
     dt = resolve_dtype(dtype)
     if dt != "float32":
         import torch

@@ -117,13 +117,18 @@ def _state(folder: Path) -> dict[str, Any]:
     return out
 
 
+Check = Callable[[dict[str, Any], Path, Log], float | None]
+
+
 def pack_judge(src: str | Path, dst: str | Path, *, base_path: str | Path | None = None,
-               bits: int = 4, check: bool = True, log: Log = print) -> dict[str, Any]:
+               bits: int = 4, check: Check | None = None, log: Log = print) -> dict[str, Any]:
     """Pack the fully fine-tuned judge bundle ``src`` into ``dst`` (replaced) as int8
     deltas from its base model (default: the pinned Gemma-3-270M); returns the ``packed``
-    record written into ``dst/judge.json``. With ``check``, the packed judge rescores the
-    held-out prompts ``src`` recorded (where its data is there to rebuild them) and the pack
-    is refused when a verdict moves more than :data:`MAX_VERDICT_DIFF`."""
+    record written into ``dst/judge.json``. ``check(info, packed_folder, log)`` measures the
+    packed judge against the verdicts ``src`` recorded (the default packer passes
+    :func:`monitor.reviewer.train.packed_verdict_diff`: its held-out prompts, rescored) and
+    raises past :data:`MAX_VERDICT_DIFF`; its figure is recorded as
+    ``heldout_max_abs_diff``."""
     import torch
     from safetensors.torch import save_file
 
@@ -179,33 +184,10 @@ def pack_judge(src: str | Path, dst: str | Path, *, base_path: str | Path | None
                                                sort_keys=True))
     log(f"judge: packed {len(delta_names(tensors))} changed tensors of {src} "
         f"({unchanged} unchanged) into {size / 1e6:.1f} MB; largest weight error {worst:.2e}")
-    if check:
-        packed["heldout_max_abs_diff"] = _check_verdicts(info, tmp, log)
+    if check is not None:
+        packed["heldout_max_abs_diff"] = check(info, tmp, log)
         (tmp / "judge.json").write_text(json.dumps({**info, "packed": packed}, indent=2,
                                                    sort_keys=True))
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return packed
-
-
-def _check_verdicts(info: dict[str, Any], packed: Path, log: Log) -> float | None:
-    """The largest |P(unsafe)| difference between the packed judge and the verdicts the
-    judge gave on its held-out prompts when trained (None where its data is not here)."""
-    import numpy as np
-
-    from monitor.reviewer.judge import Judge
-    from monitor.reviewer.train import JudgeTrainConfig, heldout_examples
-
-    recorded = (info.get("heldout") or {}).get("p_unsafe") or []
-    if not recorded or not all((Path(d) / "manifest.json").exists() for d in info["data"]):
-        log(f"judge: {packed}: the held-out prompts cannot be rebuilt here; verdicts unchecked")
-        return None
-    val = heldout_examples(JudgeTrainConfig(data=list(info["data"]), out="", **info["config"]))
-    got = Judge(packed, dtype="float32").p_unsafe([e.prompt for e in val])
-    diff = float(np.abs(got - np.asarray(recorded)).max())
-    log(f"judge: the packed judge's verdicts on {len(val)} held-out prompts are within "
-        f"{diff:.2e} of the trained judge's")
-    if diff > MAX_VERDICT_DIFF:
-        raise ValueError(f"{packed}: packed verdicts move up to {diff:.3f} from the trained "
-                         f"judge's (more than {MAX_VERDICT_DIFF}); not packed")
-    return diff

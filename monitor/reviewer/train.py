@@ -251,6 +251,8 @@ class JudgeTrainConfig:
     evidence: int = 0  # evidence before the question: 0 none, 1 provenance, 2 + goal alignment
     # full: keep the tied token embeddings (and so the LM head) as the base model has them
     freeze_embeddings: bool = False
+    # keep only the first N decoder blocks (a truncated judge: L1's cheap verdict); None: all
+    layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.bf16 is None:
@@ -361,6 +363,10 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     tok = lm.tokenizer
     model = lm.model
     model.config.use_cache = False
+    if cfg.layers:
+        from probes.models import keep_first_layers
+
+        keep_first_layers(model, cfg.layers)  # the final norm and the head read block N
     if cfg.method == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -498,6 +504,29 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     log(f"judge: held-out loss {eval_before:.4f} -> {eval_loss:.4f}, AUROC "
         f"{'n/a' if auroc is None else f'{auroc:.3f}'}; wrote {out} in {seconds:.0f} s")
     return out
+
+
+def packed_verdict_diff(info: dict[str, Any], packed: Path, log: Log) -> float | None:
+    """The largest |P(unsafe)| difference between a packed judge (:mod:`monitor.reviewer.pack`)
+    and the verdicts the judge gave on its held-out prompts when trained (None where its data
+    is not here to rebuild them); past :data:`~monitor.reviewer.pack.MAX_VERDICT_DIFF`, a
+    ValueError: the pack is refused."""
+    from monitor.reviewer.judge import Judge
+    from monitor.reviewer.pack import MAX_VERDICT_DIFF
+
+    recorded = (info.get("heldout") or {}).get("p_unsafe") or []
+    if not recorded or not all((Path(d) / "manifest.json").exists() for d in info["data"]):
+        log(f"judge: {packed}: the held-out prompts cannot be rebuilt here; verdicts unchecked")
+        return None
+    val = heldout_examples(JudgeTrainConfig(data=list(info["data"]), out="", **info["config"]))
+    got = Judge(packed, dtype="float32").p_unsafe([e.prompt for e in val])
+    diff = float(np.abs(got - np.asarray(recorded)).max())
+    log(f"judge: the packed judge's verdicts on {len(val)} held-out prompts are within "
+        f"{diff:.2e} of the trained judge's")
+    if diff > MAX_VERDICT_DIFF:
+        raise ValueError(f"{packed}: packed verdicts move up to {diff:.3f} from the trained "
+                         f"judge's (more than {MAX_VERDICT_DIFF}); not packed")
+    return diff
 
 
 def _last_checkpoint(folder: Path) -> Path | None:

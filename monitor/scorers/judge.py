@@ -1,0 +1,49 @@
+"""L1: a truncated judge's verdict (``judge_fast``): the L2 judge's question, asked cheaply.
+
+A judge bundle trained with ``monitor reviewer train --layers N`` keeps the first N of
+Gemma-3-270M's 18 decoder blocks (its final norm and frozen LM head read block N), so a
+verdict costs about N/18 of the full judge's. It reads the step as the full judge does
+(:func:`~monitor.reviewer.judge.judge_prompts`, the same evidence and view) and answers the
+step question; its P(unsafe) is the signal. Opt-in (``in_default = False``) until a truncated
+judge is chosen by leave-one-domain-out and shipped; a policy that names ``judge_fast`` names
+its bundle as ``data.models.judge_fast``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from monitor.scorers.base import TierScorer
+from monitor.screening import ScreenStep
+
+if TYPE_CHECKING:
+    from monitor.reviewer.judge import Judge
+
+
+class FastJudgeSignals(TierScorer):
+    """L1: P(unsafe) of a truncated judge on each step, batched."""
+
+    tier = 1
+    order = 20
+    name = "judge_fast"
+    signals = ("judge_fast",)
+    in_default = False  # until a truncated judge ships with the default policy
+
+    def __init__(self, judge: Judge) -> None:
+        self.judge = judge
+
+    @classmethod
+    def load(cls, models: Mapping[str, Path]) -> FastJudgeSignals:
+        from monitor.reviewer.judge import Judge
+
+        if "judge_fast" not in models:
+            raise ValueError("the signal judge_fast needs a truncated judge bundle: name it as "
+                             "data.models.judge_fast (monitor reviewer train --layers N)")
+        return cls(Judge(models["judge_fast"], batch_size=16))
+
+    def score_steps(self, steps: Sequence[ScreenStep]) -> list[dict[str, float]]:
+        if not steps:
+            return []
+        return [{"judge_fast": float(p)} for p in self.judge.score_steps(steps, mode="step")]
