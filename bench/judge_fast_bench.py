@@ -8,7 +8,8 @@ model cut to N blocks (in the dtype the judge runs in: bfloat16 where the CPU mu
 natively) on ``--n`` real judge prompts of never-trained-on ``test_slack`` steps, written as
 the default recipe writes them (:data:`monitor.judge_recipe.JUDGE`: evidence level, view
 length). The prompts are built once, first: writing them (the evidence's sentence encoder)
-is timed apart. Writes ``bench/results/judge_fast_speed.json``.
+is timed apart (``prompt_writing_s_per_prompt``: the view and the evidence, whose level 2
+encodes the passages the agent read with MiniLM). Writes ``bench/results/judge_fast_speed.json``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,20 @@ from bench.machine import machine  # noqa: E402
 from vigil import paths  # noqa: E402
 
 
+def slack_steps(n: int) -> list[Any]:
+    """The first ``n`` steps of the never-trained-on ``test_slack`` trajectories, in order."""
+    from monitor.screening import screen_steps_of
+    from streams.records import Trajectory, read_jsonl
+
+    out: list[Any] = []
+    for t in read_jsonl(paths.dataset("agentdojo") / "trajectories.jsonl", Trajectory):
+        if (t.meta or {}).get("split") == "test_slack":
+            out.extend(screen_steps_of(t))
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, nargs="+", default=[1, 2, 3, 4, 6, 9, 18])
@@ -40,15 +55,13 @@ def main() -> None:
 
     from monitor.judge_recipe import JUDGE
     from monitor.reviewer.engine import NextTokenEngine, load_reviewer_model
-    from monitor.reviewer.judge import _p_unsafe
-    from monitor.reviewer.train import judge_examples
+    from monitor.reviewer.judge import _p_unsafe, judge_prompts
     from probes.models import keep_first_layers
 
-    t0 = time.perf_counter()
-    exs = judge_examples([paths.dataset("agentdojo")], ["test_slack"], held_out=True,
-                         hard_negatives=0.0, limit=args.n, max_chars=JUDGE.max_chars, seed=7,
-                         evidence=JUDGE.evidence)
-    prompts = [e.prompt for e in exs][: args.n]
+    steps = slack_steps(args.n)
+    t0 = time.perf_counter()  # writing the prompts: the view, and the evidence (level 2
+    prompts = judge_prompts(steps, mode="step", max_chars=JUDGE.max_chars,  # encodes text)
+                            evidence_level=JUDGE.evidence)
     write_s = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     for n in sorted(args.layers, reverse=True):
@@ -67,7 +80,7 @@ def main() -> None:
                   flush=True)
     out = {
         "command": " ".join([Path(sys.executable).as_posix(), *sys.argv]),
-        "data": f"{len(prompts)} test_slack judge prompts (AgentDojo), evidence "
+        "data": f"{len(prompts)} test_slack steps (AgentDojo) as judge prompts, evidence "
                 f"{JUDGE.evidence}, max_chars {JUDGE.max_chars}",
         "prompt_tokens": {"median": sorted(tokens)[len(tokens) // 2], "max": max(tokens)},
         "prompt_writing_s_per_prompt": round(write_s / max(1, len(prompts)), 4),
