@@ -26,7 +26,7 @@ class FastJudgeSignals(TierScorer):
     """L1: P(unsafe) of a truncated judge on each step, batched."""
 
     tier = 1
-    order = 20
+    order = 105  # after the probe, before the (opt-in) likelihood
     name = "judge_fast"
     signals = ("judge_fast",)
     in_default = False  # until a truncated judge ships with the default policy

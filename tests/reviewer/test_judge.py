@@ -18,16 +18,13 @@ import numpy as np
 import pytest
 
 from monitor.reviewer import ReviewCase, ReviewerConfig, build_reviewer
-from monitor.reviewer.engine import NextTokenEngine, load_reviewer_model
-from monitor.reviewer.judge import Judge, _p_unsafe, judge_prompt, judge_prompts
-from monitor.reviewer.pack import DELTA_FILE, MAX_VERDICT_DIFF, pack_judge
+from monitor.reviewer.judge import Judge, judge_prompt, judge_prompts
 from monitor.reviewer.train import (
     JudgeExample,
     JudgeTrainConfig,
     _balanced,
     heldout_examples,
     judge_examples,
-    packed_verdict_diff,
     train_judge,
     trajectory_steps,
 )
@@ -76,66 +73,6 @@ def test_the_reloaded_bundle_gives_the_verdicts_it_gave_in_training(
     np.testing.assert_allclose(exact.p_unsafe(prompts), info["heldout"]["p_unsafe"], atol=1e-4)
     # served in bfloat16 where the CPU multiplies it natively: close, not identical
     np.testing.assert_allclose(judge.p_unsafe(prompts), info["heldout"]["p_unsafe"], atol=0.05)
-
-
-def test_a_fully_fine_tuned_judge_reloads_to_the_verdicts_it_gave_in_training(
-    small_agentdojo: Path, tmp_path: Path
-) -> None:
-    """``method="full"``: the bundle is a whole model folder, tokenizer included (without it
-    transformers built an empty tokenizer that read every prompt as one unknown token, and
-    every verdict came back 0.5)."""
-    cfg = JudgeTrainConfig(data=[str(small_agentdojo)], out=str(tmp_path / "full"),
-                           method="full", max_examples=8, eval_examples=8, batch_size=4,
-                           grad_accum=1, epochs=1, max_chars=300, save_steps=100, threads=2,
-                           freeze_embeddings=True)
-    bundle = train_judge(cfg, log=lambda _: None)
-    info = json.loads((bundle / "judge.json").read_text())
-    names = {p.name for p in (bundle / "weights").iterdir()}
-    assert "model.safetensors" in names and "tokenizer.json" in names, names
-    prompts = [e.prompt for e in heldout_examples(cfg)]
-    trained = np.array(info["heldout"]["p_unsafe"])
-    assert np.ptp(trained) > 1e-3  # the prompts are told apart
-    reloaded = Judge(bundle, threads=2, dtype="float32").p_unsafe(prompts)
-    np.testing.assert_allclose(reloaded, trained, atol=1e-4)
-
-    # packed to ship: the changed blocks as int4 deltas from the pinned base model, a
-    # twentieth of the folder, giving the same verdicts within 0.01
-    packed = tmp_path / "packed"
-    record = pack_judge(bundle, packed, check=packed_verdict_diff, log=lambda _: None)
-    assert sorted(p.name for p in (packed / "weights").iterdir()) == [DELTA_FILE]
-    size = (packed / "weights" / DELTA_FILE).stat().st_size
-    assert size < (bundle / "weights" / "model.safetensors").stat().st_size / 15, size
-    assert record["unchanged_tensors"] >= 1  # the frozen (tied) embeddings are not shipped
-    assert record["heldout_max_abs_diff"] is not None and record["heldout_max_abs_diff"] <= 0.01
-    got = Judge(packed, threads=2, dtype="float32").p_unsafe(prompts)
-    np.testing.assert_allclose(got, reloaded, atol=MAX_VERDICT_DIFF)
-    base = _p_unsafe(NextTokenEngine(load_reviewer_model(threads=2, dtype="float32")), prompts)
-    assert np.abs(base - reloaded).max() > 10 * np.abs(got - reloaded).max()  # deltas applied
-
-
-def test_a_truncated_judge_keeps_its_first_blocks_packs_and_scores_at_l1(
-    small_agentdojo: Path, tmp_path: Path
-) -> None:
-    """``layers=N`` (``monitor reviewer train --layers N``): the judge keeps the first N
-    decoder blocks, its packed bundle reloads to the same verdicts, and as the L1 signal
-    ``judge_fast`` it scores steps in [0, 1]."""
-    from monitor.scorers.judge import FastJudgeSignals
-
-    cfg = JudgeTrainConfig(data=[str(small_agentdojo)], out=str(tmp_path / "fast"),
-                           method="full", max_examples=8, eval_examples=8, batch_size=4,
-                           grad_accum=1, epochs=1, max_chars=300, save_steps=100, threads=2,
-                           freeze_embeddings=True, layers=2)
-    bundle = train_judge(cfg, log=lambda _: None)
-    packed = tmp_path / "packed"
-    record = pack_judge(bundle, packed, check=packed_verdict_diff, log=lambda _: None)
-    assert record["changed_tensors"] == 2 * 13 + 1  # two blocks of 13 tensors, the final norm
-    assert record["heldout_max_abs_diff"] is not None and record["heldout_max_abs_diff"] <= 0.01
-    judge = Judge(packed, threads=2, dtype="float32")
-    assert judge.lm.num_layers == 2
-    scorer = FastJudgeSignals.load({"judge_fast": packed})
-    rows = scorer.score_steps([harmful_step(), benign_step()])
-    assert [set(r) for r in rows] == [{"judge_fast"}] * 2
-    assert all(0.0 <= r["judge_fast"] <= 1.0 for r in rows)
 
 
 def test_a_model_folder_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
