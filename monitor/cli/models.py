@@ -18,7 +18,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     policy = Path(args.policy).expanduser() if args.policy else vigil.paths.policy()
     if not policy.exists():
         raise CliError(f"{policy}: no calibrated policy to pack; build one with "
-                       "`monitor calibrate --defaults --small` first")
+                       "`monitor calibrate --defaults` first")
     out = Path(args.out) if args.out else shipped_dir()
     manifest = pack(policy, out, log=lambda m: print(m, file=sys.stderr))
     print(f"wrote {out} ({manifest['bytes'] / 1e6:.1f} MB, {len(manifest['files'])} files, "
@@ -46,8 +46,9 @@ def add_parser(sub: Any) -> None:
         "models", help="pack or verify the default models shipped with vigil",
         description="The default models ship with vigil in vigil/shipped/ (a calibrated policy "
         "and its bundles: JSON and safetensors only, with a manifest of SHA-256s, code version, "
-        "data hashes and metrics). `make models` builds them with `monitor calibrate --defaults "
-        "--small` in a fresh VIGIL_HOME and packs them with `monitor models pack`.")
+        "data hashes and metrics; a fully fine-tuned judge packed as int4 deltas of the tensors "
+        "training changed). `make models` builds them with `monitor calibrate --defaults` in a "
+        "fresh VIGIL_HOME and packs them with `monitor models pack`.")
     s = p.add_subparsers(dest="models_command", required=True)
     pk = s.add_parser("pack", help="copy a calibrated policy and its bundles into one folder")
     pk.add_argument("--policy", help="the policy (default: $VIGIL_HOME/models/policy.json)")
