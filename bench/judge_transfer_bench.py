@@ -47,9 +47,8 @@ def main() -> None:
     from worldmodel.datasets.format import read_manifest
 
     judge = Judge(args.judge, threads=args.threads)
-    trained_on = {read_manifest(d).name for d in judge.info["data"]
-                  if (Path(d) / "manifest.json").exists()} or {
-                      Path(d).name for d in judge.info["data"]}
+    trained_on = {read_manifest(d).name if (Path(d) / "manifest.json").exists()
+                  else Path(d).name for d in judge.info["data"]}
     results: dict[str, Any] = {}
     for d in args.data:
         name = read_manifest(d).name

@@ -34,9 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from monitor.policy_files import model_fields, rebase_policy
-
-__all__ = ["model_fields", "pack", "portable", "rebase_policy", "shipped_policy", "verify"]
+from monitor.policy_files import model_fields
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1

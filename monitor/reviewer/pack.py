@@ -36,11 +36,6 @@ QUANTISATION = {4: "int4 in row groups of 64, a float32 scale per group (max |gr
 Log = Callable[[str], None]
 
 
-def is_packed(folder: str | Path) -> bool:
-    """Whether ``folder`` is a judge bundle packed by :func:`pack_judge`."""
-    return (Path(folder) / "weights" / DELTA_FILE).exists()
-
-
 GROUP = 64  # int4: one scale per this many weights of a row
 
 
@@ -122,13 +117,13 @@ Check = Callable[[dict[str, Any], Path, Log], float | None]
 
 def pack_judge(src: str | Path, dst: str | Path, *, base_path: str | Path | None = None,
                bits: int = 4, check: Check | None = None, log: Log = print) -> dict[str, Any]:
-    """Pack the fully fine-tuned judge bundle ``src`` into ``dst`` (replaced) as int8
-    deltas from its base model (default: the pinned Gemma-3-270M); returns the ``packed``
-    record written into ``dst/judge.json``. ``check(info, packed_folder, log)`` measures the
-    packed judge against the verdicts ``src`` recorded (the default packer passes
-    :func:`monitor.reviewer.train.packed_verdict_diff`: its held-out prompts, rescored) and
-    raises past :data:`MAX_VERDICT_DIFF`; its figure is recorded as
-    ``heldout_max_abs_diff``."""
+    """Pack the fully fine-tuned judge bundle ``src`` into ``dst`` (replaced) as quantised
+    deltas (``bits``: 4 or 8, :func:`quantise_delta`) from its base model (default: the
+    pinned Gemma-3-270M); returns the ``packed`` record written into ``dst/judge.json``.
+    ``check(info, packed_folder, log)`` measures the packed judge against the verdicts
+    ``src`` recorded (the default packer passes :func:`monitor.reviewer.train.
+    packed_verdict_diff`: its held-out prompts, rescored) and raises past
+    :data:`MAX_VERDICT_DIFF`; its figure is recorded as ``heldout_max_abs_diff``."""
     import torch
     from safetensors.torch import save_file
 
