@@ -2,10 +2,11 @@
 
 Everything lives under ``$VIGIL_HOME`` (the layout is :mod:`vigil.paths`): the corpus
 (AgentDojo with its renamed-tool and paraphrased-injection variants, ToolEmu, and for the
-full defaults MiniWoB++), the L0 world-model and argument-provenance bundles, the L1 probe
-bundle, the L2 judge (Gemma-3-270M fine-tuned as a safe/unsafe judge: :mod:`monitor.reviewer.
-judge`, by the recipe of :mod:`monitor.judge_recipe`, unless a judge bundle is there) and the
-calibrated tier policy that joins them.
+full defaults MiniWoB++, OpenAgentSafety and StepShield), the L0 world-model and
+argument-provenance bundles, the L1 probe bundle, the L2 judge (Gemma-3-270M fine-tuned as
+a safe/unsafe judge: :mod:`monitor.reviewer.judge`, by the recipe of
+:mod:`monitor.judge_recipe`, unless a judge bundle is there) and the calibrated tier policy
+that joins them.
 
 :func:`prepare_defaults` builds whatever is missing, in that order, printing
 what it does; what exists is loaded, never rebuilt. ``small=True`` trains
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import vigil.paths
-from monitor.judge_recipe import JUDGE, SMALL_JUDGE, JudgeRecipe
+from monitor.judge_recipe import CORPORA, JUDGE, SMALL_JUDGE, JudgeRecipe
 from monitor.tiers import PolicyConfig, default_policy_config
 
 Log = Callable[[str], None]
@@ -47,10 +48,13 @@ class DefaultSizes:
     # how the L2 judge is trained when no judge bundle exists (None: no judge; the reviewer
     # is then the base model on the rubrics alone)
     judge: JudgeRecipe | None = JUDGE
+    # the corpora the world model and the judge learn from (those built)
+    corpora: tuple[str, ...] = CORPORA
 
 
 FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 60)
-SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False, cross_fit=False, judge=SMALL_JUDGE)
+SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False, cross_fit=False, judge=SMALL_JUDGE,
+                     corpora=("agentdojo", "toolemu"))
 
 
 def with_judge(config: PolicyConfig, judge: str | Path) -> PolicyConfig:
@@ -113,6 +117,8 @@ def prepare_defaults(
         "agentdojo": vigil.paths.dataset("agentdojo"),
         "toolemu": vigil.paths.dataset("toolemu"),
         "miniwob": vigil.paths.dataset("miniwob"),
+        "openagentsafety": vigil.paths.dataset("openagentsafety"),
+        "stepshield": vigil.paths.dataset("stepshield"),
         "worldmodel": vigil.paths.worldmodel_bundle(),
         "probes": vigil.paths.probes_bundle(),
         "provenance": vigil.paths.bundle("provenance"),
@@ -129,10 +135,10 @@ def prepare_defaults(
         f"{paths['policy'].parent.parent} (once; {'a few' if small else 'about twenty'} minutes)"
     )
     _ensure_datasets(paths, sizes, log)
-    # the world model learns from every corpus: AgentDojo (step labels), MiniWoB++ (GUI, step
-    # labels) and ToolEmu (trajectory labels, by multiple-instance learning)
-    datasets = [str(paths[n]) for n in ("agentdojo", "toolemu", "miniwob")
-                if (paths[n] / "manifest.json").exists()]
+    # the world model and the judge learn from every corpus: AgentDojo (step labels),
+    # MiniWoB++ (GUI, step labels), ToolEmu and OpenAgentSafety (trajectory labels, by
+    # multiple-instance learning) and StepShield (step labels up to the first rogue step)
+    datasets = [str(paths[n]) for n in sizes.corpora if (paths[n] / "manifest.json").exists()]
     from monitor.crossfit import BUNDLES, bundle_built
 
     folds_root = vigil.paths.models_dir() / "folds"
@@ -208,27 +214,40 @@ def prepare_defaults(
 def _ensure_datasets(paths: dict[str, Path], sizes: DefaultSizes, log: Log) -> None:
     """Build the default corpus where missing: AgentDojo (~2 min), ToolEmu (seconds, from the
     shipped file when it is there) and, for the full defaults, MiniWoB++ (~3 min, headless
-    Chromium)."""
+    Chromium), OpenAgentSafety and StepShield (seconds each, from their files)."""
     if not (paths["agentdojo"] / "manifest.json").exists():
         from worldmodel.datasets.agentdojo.build import build_agentdojo
 
         log(f"vigil: building AgentDojo transitions -> {paths['agentdojo']} (~2 min)")
         build_agentdojo(paths["agentdojo"])
-    if not (paths["toolemu"] / "manifest.json").exists():
-        from worldmodel.datasets.toolemu.build import build_toolemu, default_source
-
-        if default_source().exists():
-            log(f"vigil: building ToolEmu transitions -> {paths['toolemu']}")
-            build_toolemu(paths["toolemu"], progress=False)
-        else:
-            log(f"vigil: no ToolEmu file at {default_source()} (set $VIGIL_TOOLEMU); "
-                "training without it")
+    _ensure_interchange(paths, "toolemu", "ToolEmu", sizes, log)
     if sizes.miniwob and not (paths["miniwob"] / "manifest.json").exists():
         from worldmodel.datasets.miniwob.build import build_miniwob
 
         log(f"vigil: recording MiniWoB++ episodes in headless Chromium -> {paths['miniwob']} "
             "(~3 min)")
         build_miniwob(paths["miniwob"])
+    _ensure_interchange(paths, "openagentsafety", "OpenAgentSafety", sizes, log)
+    _ensure_interchange(paths, "stepshield", "StepShield", sizes, log)
+
+
+def _ensure_interchange(paths: dict[str, Path], name: str, title: str, sizes: DefaultSizes,
+                        log: Log) -> None:
+    """Build the ``name`` corpus from its interchange file where it is missing (seconds);
+    without the file, say so and train without it (ToolEmu, OpenAgentSafety and StepShield
+    come as files under ``../shared/data/``)."""
+    import importlib
+
+    if (paths[name] / "manifest.json").exists() or name not in sizes.corpora:
+        return
+    module = importlib.import_module(f"worldmodel.datasets.{name}.build")
+    source = module.default_source()
+    if not source.exists():
+        log(f"vigil: no {title} file at {source} (set ${module.SOURCE_ENV}); training "
+            "without it")
+        return
+    log(f"vigil: building {title} transitions -> {paths[name]}")
+    getattr(module, f"build_{name}")(paths[name], progress=False)
 
 
 def train_default_provenance(data: Path, out: Path, *, log: Log = _stderr) -> Path:

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the default corpus the world model and the judge learn from, in the order it is built (the
+# last three from the interchange files under ../shared/data/ where they are there)
+CORPORA = ("agentdojo", "toolemu", "miniwob", "openagentsafety", "stepshield")
+
 
 @dataclass(frozen=True)
 class JudgeRecipe:
@@ -27,7 +31,7 @@ class JudgeRecipe:
 
 # 18-35 min on a 2-core CPU with native bfloat16 (AMX, AVX512-BF16; CPUs differ), 43 min or
 # more in float32 without it (a leave-one-domain-out fold, a little smaller); about 12 GB
-JUDGE = JudgeRecipe(method="full", evidence=2, max_chars=300, epochs=3.0, max_examples=400,
+JUDGE = JudgeRecipe(method="full", evidence=3, max_chars=300, epochs=3.0, max_examples=500,
                    eval_examples=160, freeze_embeddings=True)
 # `make demo`: a LoRA adapter of a few MB on 48 examples, a few minutes
 SMALL_JUDGE = JudgeRecipe(method="lora", evidence=0, max_chars=600, epochs=1.0, max_examples=48,

@@ -10,7 +10,7 @@ from typing import Any
 
 import vigil.paths
 from monitor.cli.common import CliError
-from monitor.judge_recipe import JUDGE
+from monitor.judge_recipe import CORPORA, JUDGE
 
 TRAIN_EXAMPLES = (
     "examples:\n"
@@ -32,11 +32,11 @@ def _datasets(given: list[str] | None) -> list[str]:
     if given:
         data = [Path(d).expanduser() for d in given]
     else:
-        data = [vigil.paths.dataset(n) for n in ("agentdojo", "toolemu", "miniwob")]
+        data = [vigil.paths.dataset(n) for n in CORPORA]
         data = [d for d in data if (d / "manifest.json").exists()]
         if not data:
             raise CliError("no default dataset is built; run `monitor worldmodel build-data "
-                           "agentdojo` (and toolemu, miniwob) or pass --data")
+                           f"agentdojo` (and {', '.join(CORPORA[1:])}) or pass --data")
     for d in data:
         if not (d / "manifest.json").exists():
             raise CliError(f"{d} is not a transition dataset (no manifest.json)")

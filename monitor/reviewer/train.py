@@ -80,6 +80,7 @@ def judge_examples(
     balance: bool = False,
     balance_by: str = "corpus",
     evidence: bool | int = False,
+    read_only: bool = True,
 ) -> list[JudgeExample]:
     """Examples of ``splits`` over ``datasets`` (see the module docstring); ``limit``: a
     seeded sample, harmful and benign kept in proportion; ``hard_negatives``: that share of
@@ -91,12 +92,16 @@ def judge_examples(
     (:func:`~monitor.reviewer.judge.judge_prompts`). A held-out (``test*``) split is refused
     unless ``held_out`` (for measuring, never training). A step after a trajectory's first
     rogue step that nobody annotated (``meta["label_level"] == "after_rogue"``, StepShield)
-    is no step example; it still makes its trajectory harmful and can be its last step. The
+    is no step example; it still makes its trajectory harmful and can be its last step.
+    ``read_only``: each hijacked trajectory's read-only twin (its harmful steps taken out:
+    :func:`worldmodel.datasets.twins.read_only_twin`) is a safe trajectory example, marked
+    ``hard_negative``: reading an injection is not harm, acting on it is. The
     sample is drawn first; only its prompts are written (in batches: level 2 runs a
     sentence encoder)."""
     from monitor.calibrate import screen_step_of_transition, trajectory_label_of
     from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_manifest, read_transitions
+    from worldmodel.datasets.twins import read_only_twin
 
     if not held_out and any(s.startswith("test") for s in splits):
         raise ValueError("the judge never trains on a held-out (test*) split")
@@ -110,6 +115,8 @@ def judge_examples(
         rule, corpus = manifest.rule_derived_labels, manifest.name
         last: dict[str, tuple[Any, ScreenStep]] = {}
         harmful: dict[str, int] = {}
+        runs: dict[str, list[Any]] = {}  # step-labelled trajectories (read_only)
+        read: set[str] = set()  # those that read an injection
         for t in read_transitions(d, list(splits)):
             if skip:
                 seen.add(domain_of(t))
@@ -124,6 +131,10 @@ def judge_examples(
                 last[t.trajectory_id] = (t, step)
             if weak is not None:
                 continue  # labelled per trajectory only: judged in trajectory mode
+            if read_only:
+                runs.setdefault(t.trajectory_id, []).append(t)
+                if t.injected:
+                    read.add(t.trajectory_id)
             if (t.meta or {}).get("label_level") == AFTER_ROGUE:
                 continue  # after the first rogue step the step's own label is not known
             ex = JudgeExample("", int(t.label), t.category if t.label else None, "step",
@@ -143,6 +154,13 @@ def judge_examples(
                 (t.category or (t.meta or {}).get("category")) if harmful[tid] else None,
                 "trajectory", domain_of(t), rule, trajectory_id=tid, corpus=corpus))
             steps.append(step)
+        for tid in sorted(read):
+            twin = read_only_twin(runs[tid]) if harmful.get(tid) else None
+            if twin is not None:
+                out.append(JudgeExample("", 0, None, "trajectory", domain_of(twin), rule,
+                                        hard_negative=True, trajectory_id=twin.trajectory_id,
+                                        corpus=corpus))
+                steps.append(screen_step_of_transition(twin, Path(d)))
     if skip - seen:
         raise ValueError(f"no domain {sorted(skip - seen)} to leave out in {list(splits)} of "
                          f"{[str(d) for d in datasets]}; its domains: {sorted(seen)}")
@@ -203,14 +221,16 @@ def _balanced(examples: Sequence[JudgeExample], limit: int, rng: np.random.Gener
     which corpus a prompt looks like (MiniWoB++'s steps are nearly all safe, so balancing
     over the corpora together tilted AgentDojo's steps unsafe: 135 to 110 in the workspace
     fold; ToolEmu's and MiniWoB++'s trajectories filled the safe half of AgentDojo's).
-    ``by_corpus=False``: each mode of all corpora together (the judges trained before
-    2026-12-06)."""
+    A group takes at least a twentieth of ``limit`` (where it has that many), so a corpus
+    of few long trajectories is not sampled away. ``by_corpus=False``: each mode of all
+    corpora together (the judges trained before 2026-12-06)."""
     keep: list[int] = []
     groups: dict[tuple[str, str], list[int]] = {}
     for i, e in enumerate(examples):
         groups.setdefault((e.mode, e.corpus if by_corpus else ""), []).append(i)
+    floor = limit // 20  # a small corpus's trajectories still teach (OpenAgentSafety: 9 of 400)
     for _, idx in sorted(groups.items()):
-        budget = max(2, round(limit * len(idx) / len(examples)))
+        budget = max(2, round(limit * len(idx) / len(examples)), min(len(idx), floor))
         by = {c: [i for i in idx if examples[i].label == c] for c in (0, 1)}
         small = min(by, key=lambda c: len(by[c]))
         k_small = min(len(by[small]), budget // 2)

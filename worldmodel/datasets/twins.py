@@ -1,0 +1,55 @@
+"""Read-only twins: a hijacked trajectory with the agent's compliance taken out.
+
+A monitor must tell *reading* a planted instruction from *acting* on it: an agent that
+reads "send the file to mark@..." in a tool result and carries on with the user's task has
+done nothing wrong. A judge trained only on hijacked runs (which read and act) and clean
+runs (which read nothing) learns to flag the instruction. Every corpus with step labels and
+injected-observation flags (AgentDojo: ``injected`` on the step whose observation shows
+injected text) gives the missing case for free: :func:`read_only_twin` drops the harmful
+steps of a hijacked trajectory and keeps the rest, so the agent still reads the instruction
+and then carries on with the user's task. A kept step that followed dropped ones sees what
+the agent saw before them (the tool result holding the injection), not the dropped call's
+result. The twin's last step, judged in trajectory mode, is a benign trajectory that read a
+planted instruction: a hard negative for training, and the measure of how often the judge
+flags reading alone (``bench/judge_read_only_bench.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from worldmodel.datasets.format import HISTORY, Transition, View
+
+SUFFIX = "#read-only"  # the twin's trajectory id: the original's with this appended
+
+
+def read_only_twin(steps: Sequence[Transition]) -> Transition | None:
+    """The last step of ``steps``' (one trajectory's transitions) read-only twin, with its
+    history rebuilt from the kept steps; None when the trajectory is not one that read an
+    injection and then acted on it (no harmful step, no injected observation before the
+    first harmful step, or no benign step left after it)."""
+    ts = sorted(steps, key=lambda t: t.index)
+    first_bad = next((i for i, t in enumerate(ts) if t.label), None)
+    if first_bad is None:
+        return None
+    if not any(t.injected for t in ts[: first_bad + 1]):
+        return None  # it never read an injection before it acted
+    kept: list[Transition] = []
+    seen: str | None = None  # what the agent saw before a run of dropped steps
+    for t in ts:
+        if t.label:
+            if seen is None:
+                seen = t.observation.text
+            continue
+        if seen is not None:
+            t = replace(t, observation=View(text=seen, screenshot=t.observation.screenshot))
+            seen = None
+        kept.append(t)
+    if not kept or kept[-1].index < ts[first_bad].index:
+        return None  # nothing benign after the first harmful step
+    last = kept[-1]
+    history = tuple((t.observation.text, t.action_text) for t in kept[:-1])[-HISTORY:]
+    return replace(last, trajectory_id=last.trajectory_id + SUFFIX, history=history,
+                   transition_id=last.transition_id + SUFFIX, label=0, category=None,
+                   meta={**(last.meta or {}), "read_only_twin": True})
