@@ -194,6 +194,8 @@ def stratified_subsample(idx: np.ndarray, y: np.ndarray, n: int, seed: int) -> n
 
 
 MIN_BENIGN_FIT = 100  # a gate is never fitted on fewer benign training steps than this
+# the L2 gate's AUROC the rubric signals must add to stay on the hot path (_rubrics_off_path)
+RUBRIC_TOLERANCE = 0.01
 
 
 def calibrate(
@@ -272,6 +274,7 @@ def calibrate(
     reach_pre = np.arange(len(val.steps))
     benign_va = int((val.y == 0).sum())
     gates: list[Gate] = []
+    metrics_l2: dict[str, Any] = {}
     p_tr_prev = np.zeros(len(train.steps))
     block_threshold = 1.0
     for k, tier in enumerate(config.tiers):
@@ -313,6 +316,9 @@ def calibrate(
         comb = fit_gate(
             k, names, tier.budget, [rows_tr[i] for i in fit_tr], train.y[fit_tr], C=config.C
         )
+        if k == 2:
+            config, names, comb = _rubrics_off_path(config, comb, rows_tr, fit_tr, train.y,
+                                                    rows_va, reach_va, val.y, metrics_l2, log)
         gate = Gate(k, names, tier.budget, comb, 1.0)
         p_va = gate.probability([rows_va[i] for i in reach_va])
         benign_scores = p_va[val.y[reach_va] == 0]
@@ -365,6 +371,7 @@ def calibrate(
     metrics = {
         "val": gate_metrics(decisions, val.y[counted]),
         "val_harmful_unreviewed_left_out": int(len(unreviewed_va)),
+        **({"l2_rubrics": metrics_l2} if metrics_l2 else {}),
         "seconds": round(time.perf_counter() - t0, 1),
         "timings": {k: round(sum(s.timings.get(k, 0.0) for s in (probe, *by_domain.values())), 2)
                     for k in ("L0", "L1", "L2") if k in probe.timings
@@ -391,6 +398,51 @@ def calibrate(
         metrics=metrics,
         trajectory=trajectory,
     )
+
+
+def _rubrics_off_path(
+    config: PolicyConfig, comb: Any, rows_tr: Sequence[Mapping[str, float]],
+    fit_tr: np.ndarray, y_tr: np.ndarray, rows_va: Sequence[Mapping[str, float]],
+    reach_va: np.ndarray, y_va: np.ndarray, record: dict[str, Any], log: Log,
+) -> tuple[PolicyConfig, tuple[str, ...], Any]:
+    """Whether the L2 gate keeps the rubric signals: with a judge among the L2 signals, the
+    gate is fitted again without ``rv_*``; when that loses at most :data:`RUBRIC_TOLERANCE`
+    of AUROC on the val steps that reach L2 (which the judge never trained on), the rubrics
+    leave the hot path (the policy's L2 signals drop them; a review asks the judge alone and
+    the rubrics are asked of the steps that go on to a human: ``Screener.page_rubrics``).
+    Twenty rubric questions cost about twenty judge questions. ``record`` gets both AUROCs
+    and the choice."""
+    from dataclasses import replace
+
+    from dashboards.recall import auroc
+    from monitor.reviewer.verdict import ReviewVerdict
+
+    names = config.gate_signals(2)
+    rubric = set(ReviewVerdict.SIGNALS)
+    if ReviewVerdict.JUDGE_SIGNAL not in names or not rubric & set(names):
+        return config, names, comb
+    lean = tuple(n for n in names if n not in rubric)
+    comb_lean = fit_gate(2, lean, config.tiers[2].budget, [rows_tr[i] for i in fit_tr],
+                         y_tr[fit_tr], C=config.C)
+    va = [rows_va[i] for i in reach_va]
+    y = y_va[reach_va]
+    budget = config.tiers[2].budget
+    with_rubrics = auroc(y, Gate(2, names, budget, comb, 1.0).probability(va))
+    judge_only = auroc(y, Gate(2, lean, budget, comb_lean, 1.0).probability(va))
+    off = with_rubrics is None or (judge_only is not None and
+                                   judge_only >= with_rubrics - RUBRIC_TOLERANCE)
+    record.update({"auroc_with_rubrics": with_rubrics, "auroc_judge_only": judge_only,
+                   "tolerance": RUBRIC_TOLERANCE, "on_hot_path": not off,
+                   "val_steps": int(len(reach_va))})
+    log(f"calibrate: L2 gate AUROC on {len(reach_va)} val steps: {with_rubrics} with the "
+        f"rubric signals, {judge_only} with the judge alone: the rubrics "
+        + ("leave the hot path (asked of the steps paged)" if off else "stay on the hot path"))
+    if not off:
+        return config, names, comb
+    l2 = config.tiers[2]
+    tiers = (*config.tiers[:2], replace(l2, signals=tuple(s for s in l2.signals
+                                                          if s not in rubric)))
+    return replace(config, tiers=tiers), lean, comb_lean
 
 
 def _review(probe: Screener, steps: list[ScreenStep], rows: list[dict[str, float]], what: str,

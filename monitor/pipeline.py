@@ -101,6 +101,18 @@ class Screener:
         self.timings[f"L{tier}"] = self.timings.get(f"L{tier}", 0.0) + time.perf_counter() - t0
         return rows
 
+    @property
+    def rubrics_on_path(self) -> bool:
+        """Whether the L2 gate weighs the rubric signals (``rv_*``), so every review asks
+        the rubrics; else (a policy whose L2 stacks the judge alone, see
+        :func:`monitor.calibrate.calibrate`) a review asks the judge only and the rubrics
+        are asked of the steps the L2 gate sends on to a human (:meth:`page_rubrics`)."""
+        if self.policy is None:  # calibrating: every signal
+            return True
+        from monitor.reviewer.verdict import ReviewVerdict
+
+        return bool(set(self.policy.config.tiers[2].signals) & set(ReviewVerdict.SIGNALS))
+
     def review_signals(
         self, steps: Sequence[ScreenStep], prior: Sequence[Mapping[str, float]]
     ) -> list[ReviewVerdict | None]:
@@ -111,11 +123,34 @@ class Screener:
         t0 = time.perf_counter()
         out = list(
             self.reviewer.review(
-                [ReviewCase(step=s, signals=dict(p)) for s, p in zip(steps, prior, strict=True)]
+                [ReviewCase(step=s, signals=dict(p)) for s, p in zip(steps, prior, strict=True)],
+                rubrics=self.rubrics_on_path,
             )
         )
         self.timings["L2"] = self.timings.get("L2", 0.0) + time.perf_counter() - t0
         return list(out)
+
+    def page_rubrics(self, steps: Sequence[ScreenStep], decisions: Sequence[TierDecision],
+                     rows: Sequence[Mapping[str, float]],
+                     reviews: list[ReviewVerdict | None]) -> None:
+        """Ask the rubrics (in place) of the reviewed steps the L2 gate sends to a human
+        whose review asked the judge alone: their case pages show the rubric coverage and
+        claims. Off the hot path: a few steps in a thousand reach L3."""
+        if self.reviewer is None:
+            return
+        todo = [i for i, (d, v) in enumerate(zip(decisions, reviews, strict=True))
+                if d.tier >= 3 and v is not None and not v.rubrics_asked]
+        if not todo:
+            return
+        from monitor.reviewer import ReviewCase
+
+        t0 = time.perf_counter()
+        got = self.reviewer.add_rubrics(
+            [ReviewCase(step=steps[i], signals=dict(rows[i])) for i in todo],
+            [v for i in todo if (v := reviews[i]) is not None])
+        for i, v in zip(todo, got, strict=True):
+            reviews[i] = v
+        self.timings["L2"] = self.timings.get("L2", 0.0) + time.perf_counter() - t0
 
     def screen(
         self, steps: Sequence[ScreenStep], *, through: int = 2, proposal: bool = False
@@ -178,6 +213,8 @@ class Screener:
                             rows[i].update(v.signals())
             decisions = self.policy.decide_many(rows, through=tier, proposal=proposal,
                                                 thresholds=thresholds)
+        if through >= 2:
+            self.page_rubrics(steps, decisions, rows, reviews)
         live = None if proposal else self.live
         if live is not None:
             from dashboards.canary import is_canary
@@ -200,6 +237,7 @@ class Screener:
             if v is not None:
                 row.update(v.signals())
         decisions = self.policy.decide_many(rows, through=2)
+        self.page_rubrics(steps, decisions, rows, reviews)
         return [
             self._verdict(s, d, r, v) for s, d, r, v in zip(steps, decisions, rows, reviews,
                                                              strict=True)

@@ -68,11 +68,13 @@ def _judge_trajectories(
     screener: Screener, batch: list[Trajectory], verdicts: list[StepVerdict], steps: list[Any]
 ) -> list[float | None] | None:
     """The fine-tuned judge's verdict on each whole trajectory of ``batch`` that has a step
-    the tiers took to L2, when the screener's reviewer is a judge; else None. The verdict is
-    the larger of the judge's trajectory question on the last step (asked of all together)
-    and its verdicts on the trajectory's steps it reviewed: a trajectory is unsafe when any
-    action was, and the last step's view may no longer show an earlier one. Like every L2
-    review, the judge reads only what L1 escalates."""
+    past L0, when the screener's reviewer is a judge; else None. The verdict is the larger
+    of the judge's trajectory question on the last step (asked of all together) and its
+    verdicts on the trajectory's steps it reviewed: a trajectory is unsafe when any action
+    was, and the last step's view may no longer show an earlier one. The question is asked
+    of every trajectory L0 did not clear whole (one judge call per trajectory, not per
+    step), so a harm the step gates rank low on traffic unlike their training data still
+    meets the judge once."""
     reviewer = screener.reviewer
     if reviewer is None or not getattr(reviewer, "judged", False):
         return None
@@ -84,7 +86,7 @@ def _judge_trajectories(
         i += len(t.steps)
         reviewed.append([v.review.judge_unsafe for v in mine
                          if v.review is not None and v.review.judge_unsafe is not None])
-        last.append(steps[i - 1] if t.steps and any(v.tier >= 2 for v in mine) else None)
+        last.append(steps[i - 1] if t.steps and any(v.tier >= 1 for v in mine) else None)
     got = iter(reviewer.judge_trajectories([s for s in last if s is not None]))
     out: list[float | None] = []
     for s, ps in zip(last, reviewed, strict=True):

@@ -92,7 +92,11 @@ class Reviewer(Protocol):
 
     name: str
 
-    def review(self, cases: Sequence[ReviewCase]) -> list[ReviewVerdict]: ...
+    def review(self, cases: Sequence[ReviewCase], *, rubrics: bool = True
+               ) -> list[ReviewVerdict]: ...
+
+    def add_rubrics(self, cases: Sequence[ReviewCase], verdicts: Sequence[ReviewVerdict]
+                    ) -> list[ReviewVerdict]: ...
 
     def judge_trajectories(self, last_steps: Sequence[ScreenStep]) -> list[float | None]: ...
 
@@ -286,10 +290,16 @@ class RubricReviewer:
         return out
 
     # -- the loop -----------------------------------------------------------------------
-    def review(self, cases: Sequence[ReviewCase]) -> list[ReviewVerdict]:
+    def review(self, cases: Sequence[ReviewCase], *, rubrics: bool = True
+               ) -> list[ReviewVerdict]:
         """A verdict for each case; a judge's question is asked of all of them together
-        after the rubrics (a judge that fails on a case leaves ``judge_unsafe`` unknown)."""
-        verdicts = [self.review_one(c, judge=False) for c in cases]
+        after the rubrics (a judge that fails on a case leaves ``judge_unsafe`` unknown).
+        ``rubrics=False`` (a judge only): the judge's question alone, ``rubrics_asked``
+        False; :meth:`add_rubrics` asks the rubrics later, of the cases that need them."""
+        if not rubrics and self.judged:
+            verdicts = [self._judge_only(c) for c in cases]
+        else:
+            verdicts = [self.review_one(c, judge=False) for c in cases]
         if not self.judged:
             return verdicts
         todo = [i for i, v in enumerate(verdicts) if v.error is None]
@@ -300,6 +310,36 @@ class RubricReviewer:
             verdicts[i] = replace(v, judge_unsafe=p, cost=v.cost + cost,
                                   rationale=v.rationale + note)
         return verdicts
+
+    def _judge_only(self, case: ReviewCase) -> ReviewVerdict:
+        """The verdict :meth:`review` fills with the judge's answer alone."""
+        key = str(getattr(getattr(case, "step", None), "key", ""))
+        return ReviewVerdict(
+            coverage=0.0, precision=0.0, f_beta=0.0, category=None, rubrics=(), claims=(),
+            rationale="The rubrics were not asked on the hot path (the judge alone).",
+            backend=self.backend, model=self.config.model or "", step_key=key,
+            beta=self.config.beta, rubrics_asked=False)
+
+    def add_rubrics(self, cases: Sequence[ReviewCase], verdicts: Sequence[ReviewVerdict]
+                    ) -> list[ReviewVerdict]:
+        """``verdicts`` (from ``review(cases, rubrics=False)``) with the rubrics asked now,
+        keeping the judge's answer: for a case that goes on to a human, whose page shows
+        the rubric coverage and the claims. A verdict that has its rubrics, or whose
+        rubric review fails, is returned as it is (the failure in its rationale)."""
+        out = list(verdicts)
+        for i, (c, v) in enumerate(zip(cases, verdicts, strict=True)):
+            if v.rubrics_asked or v.error is not None:
+                continue
+            got = self.review_one(c, judge=False)
+            if got.error is not None:
+                out[i] = replace(v, rationale=f"{v.rationale}\nRubrics: {got.error}.")
+                continue
+            note = ("" if v.judge_unsafe is None else
+                    f"\nThe fine-tuned judge gives P(unsafe) = {v.judge_unsafe:.3f}.")
+            out[i] = replace(got, judge_unsafe=v.judge_unsafe, cost=v.cost + got.cost,
+                             latency_s=v.latency_s + got.latency_s,
+                             rationale=got.rationale + note)
+        return out
 
     def judge_trajectories(self, last_steps: Sequence[ScreenStep]) -> list[float | None]:
         """The judge's P(unsafe) that some action of each trajectory was unsafe, from its

@@ -154,8 +154,12 @@ class OpenAIReviewer(RubricReviewer):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def review(self, cases: Sequence[ReviewCase]) -> list[ReviewVerdict]:
-        """Reviews ``cases`` at most ``concurrency`` at a time, in order."""
+    def review(self, cases: Sequence[ReviewCase], *, rubrics: bool = True
+               ) -> list[ReviewVerdict]:
+        """Reviews ``cases`` at most ``concurrency`` at a time, in order; ``rubrics=False``
+        with a judge: its question alone, the cases' prompts in batched requests."""
+        if not rubrics and self.judged:
+            return super().review(cases, rubrics=False)
         return list(self._pool.map(self.review_one, cases))
 
     @property

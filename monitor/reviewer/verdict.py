@@ -18,7 +18,9 @@ The three become the signals ``rv_coverage``, ``rv_precision`` and ``rv_fbeta``
 ("higher = more likely harmful"). A reviewer whose model is a fine-tuned judge
 (:mod:`monitor.reviewer.judge`) also asks it the verdict question and adds its
 P(unsafe) as ``judge_unsafe``; the calibrated L2 gate weighs it against the rubric
-signals. A review that could not be done (timeout,
+signals; where that weight is small the rubrics leave the hot path (``rubrics_asked``
+False: the judge alone, no ``rv_*`` signals; the rubrics are asked of the cases that go on to
+a human). A review that could not be done (timeout,
 budget exhausted, a malformed reply) is a verdict with ``error`` set, zeros and
 no signals: the tier policy treats the reviewer's signals as missing.
 """
@@ -80,6 +82,9 @@ class ReviewVerdict:
     category_coverage: Mapping[str, float] = field(default_factory=dict)
     step_key: str = ""  # trajectory_id/step_id of the step reviewed
     judge_unsafe: float | None = None  # a fine-tuned judge's P(unsafe), when it has one
+    # False: only the judge was asked (the rubrics are off the hot path: asked for a case
+    # that goes on to a human, see Screener); no rv_* signals then
+    rubrics_asked: bool = True
 
     #: the L2 signals every verdict gives (a tier policy may name these at L2)
     SIGNALS: ClassVar[tuple[str, ...]] = ("rv_coverage", "rv_precision", "rv_fbeta")
@@ -89,7 +94,8 @@ class ReviewVerdict:
     def signals(self) -> dict[str, float]:
         if self.error is not None:
             return {}
-        out = dict(zip(self.SIGNALS, (self.coverage, self.precision, self.f_beta), strict=True))
+        out = (dict(zip(self.SIGNALS, (self.coverage, self.precision, self.f_beta),
+                        strict=True)) if self.rubrics_asked else {})
         if self.judge_unsafe is not None:
             out[self.JUDGE_SIGNAL] = self.judge_unsafe
         return out

@@ -197,10 +197,10 @@ def test_evidence_tells_the_judge_where_a_hijacked_actions_values_come_from(
     native = resolve_dtype("auto") == "bfloat16"
     assert JudgeTrainConfig(data=[], out="").recorded()["bf16"] is native
     assert JudgeTrainConfig(data=[], out="", bf16=False).recorded()["bf16"] is False
-    with pytest.raises(ValueError, match="evidence level 3"):
-        judge_prompts([harmful_step()], evidence_level=3)
+    with pytest.raises(ValueError, match="evidence level 4"):
+        judge_prompts([harmful_step()], evidence_level=4)
     with pytest.raises(ValueError, match="judge_evidence must be one of"):
-        ReviewerConfig(judge_evidence=3)
+        ReviewerConfig(judge_evidence=4)
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +244,17 @@ def test_the_served_judge_gives_the_local_verdicts_as_an_l2_signal(
         assert rv.judge_unsafe is not None and "judge" in rv.rationale
     # the prompt the server saw is the judge's own
     assert judge_prompt(harmful_step(), max_chars=judge.max_chars).endswith("Verdict:")
+    # rubrics off the hot path: the judge alone, the same verdict; the rubrics asked later
+    # (for a case going on to a human) keep it
+    for rv, full in ((local, got_local), (remote, got_remote)):
+        lean = rv.review(cases, rubrics=False)
+        for v, f in zip(lean, full, strict=True):
+            assert set(v.signals()) == {"judge_unsafe"} and not v.rubrics_asked, v
+            assert v.judge_unsafe == pytest.approx(f.judge_unsafe, abs=0.03)
+        paged = rv.add_rubrics(cases, lean)
+        for v, one, f in zip(paged, lean, full, strict=True):
+            assert v.rubrics_asked and v.rubrics and v.judge_unsafe == one.judge_unsafe
+            assert v.signals()["rv_coverage"] == pytest.approx(f.coverage, abs=0.03)
 
 
 def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
@@ -274,14 +285,18 @@ def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
         sizes=DefaultSizes(1, (3,), 160, 160, 12), log=lambda _: None)
     policy = CalibratedPolicy.load(out)
     weights = policy.gates[2].to_dict()["weights"]
-    assert "judge_unsafe" in weights and "rv_coverage" in weights, weights
+    # the rubric signals stay at L2 only where they add AUROC over the judge alone
+    chosen = policy.metrics["l2_rubrics"]
+    assert "judge_unsafe" in weights and ("rv_coverage" in weights) == chosen["on_hot_path"]
+    assert chosen["on_hot_path"] == (chosen["auroc_with_rubrics"] > chosen["auroc_judge_only"]
+                                     + chosen["tolerance"]), chosen
     screener = load_screener(out)
     reviewer = screener.reviewer  # what the policy's L2 runs: the judge
     assert reviewer is not None
     [verdict] = reviewer.review([ReviewCase(harmful_step())])
     assert verdict.judge_unsafe is not None and "judge_unsafe" in verdict.signals()
-    # `monitor screen`: a trajectory with a step the tiers took to L2 gets the judge's
-    # verdict on the whole, never below its verdict on a step of it that it reviewed
+    # `monitor screen`: a trajectory with a step past L0 gets the judge's verdict on the
+    # whole, never below its verdict on a step of it that it reviewed
     from monitor.cli.screen import screen_file
 
     rows = [json.loads(x) for x in (small_agentdojo / "trajectories.jsonl").open()]
@@ -293,7 +308,7 @@ def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
     reached = [t for t in screened if t["tier"] >= 2]
     assert reached, [t["tier"] for t in screened]
     for t in screened:
-        assert ("judge_unsafe" in t) == (t["tier"] >= 2), t
+        assert ("judge_unsafe" in t) == (t["tier"] >= 1), t
     for t in reached:
         steps = [x["signals"]["judge_unsafe"] for x in t["steps"]
                  if "judge_unsafe" in x["signals"]]
