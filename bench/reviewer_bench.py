@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.machine import cpu  # noqa: E402
+from monitor.judge_recipe import CORPORA  # noqa: E402
 from monitor.reviewer import ReviewCase, ReviewerConfig  # noqa: E402
 from monitor.reviewer.engine import load_reviewer_model  # noqa: E402
 from monitor.reviewer.local import LocalReviewer  # noqa: E402
@@ -159,7 +160,7 @@ def judge_part(args: argparse.Namespace) -> None:
     from monitor.reviewer.train import JudgeTrainConfig, judge_examples, train_judge
 
     load0 = os.getloadavg()[0]
-    data = [str(d) for d in (paths.dataset(n) for n in ("agentdojo", "toolemu", "miniwob"))
+    data = [str(d) for d in (paths.dataset(n) for n in CORPORA)
             if (d / "manifest.json").exists()]
     judge = Judge(args.judge, threads=args.threads)
     zero = NextTokenEngine(load_reviewer_model(threads=args.threads), batch_size=8)
@@ -250,7 +251,7 @@ def trained_folds_part(args: argparse.Namespace) -> None:
     from monitor.reviewer.train import judge_examples
 
     load0 = os.getloadavg()[0]
-    data = [str(d) for d in (paths.dataset(n) for n in ("agentdojo", "toolemu", "miniwob"))
+    data = [str(d) for d in (paths.dataset(n) for n in CORPORA)
             if (d / "manifest.json").exists()]
     zero = NextTokenEngine(load_reviewer_model(threads=args.threads), batch_size=8)
     lodo: dict[str, Any] = {}

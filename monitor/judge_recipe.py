@@ -27,6 +27,8 @@ class JudgeRecipe:
     # full fine-tuning leaves the (tied) token embeddings as the pinned model has them: the
     # bundle then ships as the changed blocks only (monitor.reviewer.pack, int8 deltas)
     freeze_embeddings: bool = False
+    # the goal alignment's sentence encoder: minilm, or static (its model2vec distillation)
+    encoder: str = "minilm"
 
 
 # 18-35 min on a 2-core CPU with native bfloat16 (AMX, AVX512-BF16; CPUs differ), 43 min or

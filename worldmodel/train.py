@@ -8,7 +8,8 @@ Tool identity is masked by default (``mask_tools``): the model reads every actio
 function name and argument keys replaced (``features.mask_action``), so the harm heads
 cannot learn which tools the training suites use; the bundle records the choice and the
 scorer applies it. Rows labelled only as part of their trajectory
-(``meta["label_level"] == "trajectory"``, e.g. ToolEmu) are learnt by multiple-instance
+(``meta["label_level"] == "trajectory"``, e.g. ToolEmu; StepShield's rogue step with the
+unannotated steps after it) are learnt by multiple-instance
 learning (``mil``): a batch holds such a trajectory whole, and the harm loss, the relational
 harm head and the harm calibration pool its steps (noisy-OR) against its label.
 
@@ -102,17 +103,21 @@ def load_rows(data: list[str], splits: tuple[str, ...]) -> tuple[list[Transition
 
 def trajectory_bags(transitions: list[Transition]) -> np.ndarray:
     """-1 for a step-labelled transition; for one labelled only through its trajectory
-    (``meta["label_level"] == "trajectory"``), the ordinal of its trajectory."""
+    (``meta["label_level"] == "trajectory"``), the ordinal of its trajectory. A trajectory
+    with steps after its first rogue step that nobody annotated (``"after_rogue"``,
+    StepShield) has its rogue step and those after it in one bag labelled harmful: one of
+    them is (the first), which ones after it are is not known."""
+    rogue = {t.trajectory_id for t in transitions if t.meta.get("label_level") == "after_rogue"}
     ids: dict[str, int] = {}
-    return np.array(
-        [
-            ids.setdefault(t.trajectory_id, len(ids))
-            if t.meta.get("label_level") == "trajectory"
-            else -1
-            for t in transitions
-        ],
-        dtype=np.int64,
-    )
+    out = []
+    for t in transitions:
+        if t.meta.get("label_level") == "trajectory":
+            out.append(ids.setdefault(t.trajectory_id, len(ids)))
+        elif t.label and t.trajectory_id in rogue:
+            out.append(ids.setdefault(t.trajectory_id + "#after-rogue", len(ids)))
+        else:
+            out.append(-1)
+    return np.array(out, dtype=np.int64)
 
 
 def prepare(

@@ -66,6 +66,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         balance=not args.no_balance,
         balance_by=args.balance_by,
         evidence=args.evidence,
+        encoder=args.encoder,
         freeze_embeddings=args.freeze_embeddings,
         layers=args.layers,
         exclude_domains=tuple(args.exclude_domains or ()),
@@ -158,14 +159,20 @@ def add_parser(sub: Any) -> None:
                    "or of all corpora together ('mode': how judges were trained before "
                    "2026-12-06)")
     t.add_argument("--evidence", type=int, nargs="?", const=2, default=JUDGE.evidence,
-                   choices=[0, 1, 2],
+                   choices=[0, 1, 2, 3],
                    metavar="LEVEL",
                    help="evidence shown to the judge before its question: 1 where the "
                    "action's values come from (the user's task, what the agent read, "
                    "nowhere); 2 (the level --evidence alone gives) that and the most "
                    "instruction-like passage the agent read, and whether the action reads "
-                   "more like it or like the user's task; the bundle records the level and "
-                   "is asked the same way (default %(default)s; 0: none)")
+                   "more like it or like the user's task; 3 that and the act (its kind, "
+                   "whether it can be undone, whether the task asks for it or grants it); the "
+                   "bundle records the level and is asked the same way (default %(default)s; "
+                   "0: none)")
+    t.add_argument("--encoder", choices=["minilm", "static"], default=JUDGE.encoder,
+                   help="the sentence encoder of the goal alignment (levels 2-3): minilm, or "
+                   "static, its model2vec distillation, about a hundred times cheaper: for a "
+                   "truncated judge at L1 (default %(default)s)")
     emb = t.add_mutually_exclusive_group()
     emb.add_argument("--freeze-embeddings", dest="freeze_embeddings", action="store_const",
                      const=True, help="full: keep the token embeddings (tied with the LM head) "

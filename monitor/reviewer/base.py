@@ -234,6 +234,7 @@ class RubricReviewer:
         self._null_lock = threading.Lock()
         self.judge_max_chars = config.judge_max_chars or 1200
         self.judge_evidence = config.judge_evidence
+        self.judge_encoder = "minilm"  # a local judge bundle's own (LocalReviewer)
         self.judged = config.judged  # once: it may look for a bundle on disk
 
     # -- for backends -----------------------------------------------------------------
@@ -265,7 +266,8 @@ class RubricReviewer:
 
     def _judge_prompts(self, steps: Sequence[ScreenStep], mode: str) -> list[str]:
         return judge_prompts(steps, mode=mode, max_chars=self.judge_max_chars,
-                             evidence_level=int(self.judge_evidence))
+                             evidence_level=int(self.judge_evidence),
+                             encoder=self.judge_encoder)
 
     def _judge_many(self, steps: Sequence[ScreenStep], mode: str = "step"
                     ) -> list[tuple[float | None, float]]:

@@ -120,21 +120,22 @@ def _alignment_words(a: Alignment) -> str:
             f"vs {a.to_task:.2f}).\n")
 
 
-@lru_cache(maxsize=1)
-def _alignment_encoder() -> Any:
+@lru_cache(maxsize=2)
+def _alignment_encoder(kind: str = "minilm") -> Any:
     from worldmodel.encoders import text_encoder
 
-    return text_encoder("minilm")
+    return text_encoder(kind)
 
 
 def judge_prompts(steps: Sequence[ScreenStep], *, mode: str = "step", max_chars: int = 1200,
-                  evidence_level: int = 0) -> list[str]:
+                  evidence_level: int = 0, encoder: str = "minilm") -> list[str]:
     """The judge's input for each of ``steps`` (``mode``: ``step`` or ``trajectory``).
     ``evidence_level``: 0 none; 1 the argument provenance in words before the question;
     2 that and the goal alignment (:mod:`worldmodel.alignment`, the sentence encoder run
     once over the batch); 3 that and the act (:mod:`worldmodel.acts`: its kind, whether it
     can be undone, asked for, confirmed). The evidence is never cut; the step view gets
-    what is left."""
+    what is left. ``encoder``: the sentence encoder of the goal alignment (``minilm``, or
+    ``static``: its model2vec distillation, a hundred times cheaper, for L1's judge)."""
     if mode not in QUESTIONS:
         raise ValueError(f"judge mode {mode!r}: expected one of {sorted(QUESTIONS)}")
     if evidence_level not in EVIDENCE_LEVELS:
@@ -144,7 +145,7 @@ def judge_prompts(steps: Sequence[ScreenStep], *, mode: str = "step", max_chars:
     if evidence_level >= 2 and steps:
         from worldmodel.alignment import goal_alignment
 
-        aligned = list(goal_alignment(steps, _alignment_encoder()))
+        aligned = list(goal_alignment(steps, _alignment_encoder(encoder)))
     out = []
     for step, a in zip(steps, aligned, strict=True):
         extra = evidence(step, alignment=a, act=evidence_level >= 3) if evidence_level else ""
@@ -229,6 +230,7 @@ class Judge:
             raise ValueError(f"{f}: not a {FORMAT} bundle (format {self.info.get('format')!r})")
         self.max_chars = int(self.info["config"]["max_chars"])
         self.evidence = evidence_level(self.info["config"])
+        self.encoder = str(self.info["config"].get("encoder") or "minilm")
         path = self.info.get("base_model_path")
         if self.info["method"] == "full" and "packed" in self.info:
             lm = _load_packed(self.folder, self.info, threads=threads, dtype=dtype)
@@ -254,4 +256,5 @@ class Judge:
 
     def score_steps(self, steps: Sequence[ScreenStep], mode: str = "step") -> np.ndarray:
         return self.p_unsafe(judge_prompts(steps, mode=mode, max_chars=self.max_chars,
-                                           evidence_level=self.evidence))
+                                           evidence_level=self.evidence,
+                                           encoder=self.encoder))

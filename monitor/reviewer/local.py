@@ -64,6 +64,7 @@ class LocalReviewer(RubricReviewer):
             model = judge.lm
             self.judge_max_chars = config.judge_max_chars or judge.max_chars
             self.judge_evidence = judge.evidence
+            self.judge_encoder = judge.encoder
         lm = model or load_reviewer_model(config.model_path, threads=config.threads)
         self.engine = NextTokenEngine(lm, batch_size=config.batch_size)
         self._answer_ids: dict[Answers, tuple[list[int], list[int]]] = {}

@@ -81,6 +81,7 @@ def judge_examples(
     balance_by: str = "corpus",
     evidence: bool | int = False,
     read_only: bool = True,
+    encoder: str = "minilm",
 ) -> list[JudgeExample]:
     """Examples of ``splits`` over ``datasets`` (see the module docstring); ``limit``: a
     seeded sample, harmful and benign kept in proportion; ``hard_negatives``: that share of
@@ -175,7 +176,8 @@ def judge_examples(
         for start in range(0, len(idx), 256):
             chunk = idx[start : start + 256]
             prompts = judge_prompts([steps[i] for i in chunk], mode=mode,
-                                    max_chars=max_chars, evidence_level=level)
+                                    max_chars=max_chars, evidence_level=level,
+                                    encoder=encoder)
             for i, prompt in zip(chunk, prompts, strict=True):
                 out[i] = replace(out[i], prompt=prompt)
     return [out[i] for i in keep]
@@ -269,6 +271,7 @@ class JudgeTrainConfig:
     threads: int | None = None
     exclude_domains: tuple[str, ...] = ()  # leave-one-domain-out folds
     evidence: int = 0  # evidence before the question: 0 none, 1 provenance, 2 + goal alignment
+    encoder: str = "minilm"  # the goal alignment's sentence encoder (static: L1's judge)
     # full: keep the tied token embeddings (and so the LM head) as the base model has them
     freeze_embeddings: bool = False
     # keep only the first N decoder blocks (a truncated judge: L1's cheap verdict); None: all
@@ -293,7 +296,8 @@ class JudgeTrainConfig:
 def heldout_examples(cfg: JudgeTrainConfig) -> list[JudgeExample]:
     """The held-out (``val``) examples a run of ``cfg`` measures its loss and verdicts on."""
     return judge_examples(cfg.data, ["val"], limit=cfg.eval_examples, hard_negatives=0.0,
-                          max_chars=cfg.max_chars, seed=cfg.seed + 1, evidence=cfg.evidence)
+                          max_chars=cfg.max_chars, seed=cfg.seed + 1, evidence=cfg.evidence,
+                          encoder=cfg.encoder)
 
 
 def _tokenise(tok: Any, examples: Sequence[JudgeExample]) -> list[dict[str, list[int]]]:
@@ -372,7 +376,7 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     train = judge_examples(cfg.data, ["train"], limit=cfg.max_examples, max_chars=cfg.max_chars,
                            seed=cfg.seed, exclude_domains=cfg.exclude_domains,
                            balance=cfg.balance, balance_by=cfg.balance_by,
-                           evidence=cfg.evidence)
+                           evidence=cfg.evidence, encoder=cfg.encoder)
     val = heldout_examples(cfg)
     if len({e.label for e in train}) < 2:
         raise ValueError(f"{cfg.data}: the train split needs both safe and unsafe examples")

@@ -276,3 +276,23 @@ def test_the_bundle_records_mask_tools_and_its_scorer_applies_it(
     del cfg["mask_tools"]
     (plain / "config.json").write_text(json.dumps(cfg))
     assert WorldModelScorer.load(plain).mask_tools is False
+
+
+def test_a_rogue_step_and_the_unannotated_steps_after_it_are_one_harmful_bag() -> None:
+    """StepShield: the first rogue step is annotated; the steps after it carry label 1 with
+    ``label_level: after_rogue`` (nobody said which of them are harmful). The world model
+    learns them as one bag (one of them is harmful), the steps before as benign steps."""
+    from worldmodel.datasets.format import Transition
+    from worldmodel.train import trajectory_bags
+
+    def t(tid: str, i: int, label: int, level: str) -> Transition:
+        return Transition(f"{tid}/{i}", tid, "train", i, "task", View("o"), "a", View("o"),
+                          label=label, meta={"label_level": level})
+
+    rows = [t("run", 0, 0, "step"), t("run", 1, 1, "step"), t("run", 2, 1, "after_rogue"),
+            t("run", 3, 1, "after_rogue"), t("clean", 0, 1, "step"),
+            t("toolemu", 0, 1, "trajectory"), t("toolemu", 1, 1, "trajectory")]
+    bags = trajectory_bags(rows)
+    assert bags[0] == -1 and bags[4] == -1  # step-labelled, benign or harmful
+    assert bags[1] == bags[2] == bags[3] >= 0  # the rogue step and those after it
+    assert bags[5] == bags[6] >= 0 and bags[5] != bags[1]
