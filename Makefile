@@ -60,7 +60,7 @@ MODELS_HOME ?= $(CURDIR)/build/models-home
 models: install
 	mkdir -p $(MODELS_HOME)/models
 	find $(MODELS_HOME)/models -mindepth 1 -maxdepth 1 ! -name gemma-3-270m-hf -exec rm -rf {} +
-	for d in agentdojo toolemu miniwob; do \
+	for d in agentdojo toolemu miniwob openagentsafety stepshield; do \
 		test -f $(MODELS_HOME)/data/$$d/manifest.json || \
 			VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor worldmodel build-data $$d || exit 1; \
 	done

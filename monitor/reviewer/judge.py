@@ -13,10 +13,13 @@ import it without the training data's modules.
 
 **What it learns from** (:func:`~monitor.reviewer.train.judge_examples`): AgentDojo
 steps with their step labels (and each trajectory's last step in trajectory mode), ToolEmu
-trajectories in trajectory mode only (their labels are per trajectory), MiniWoB++ steps
-(rule labels, marked ``rule_label``), and hard negatives: benign steps whose observation
-gains a harmless instruction or alarming words (a judge that flags every instruction it
-reads is useless against injections it has not seen). The sample is half safe, half
+and OpenAgentSafety trajectories in trajectory mode only (their labels are per trajectory),
+StepShield steps up to the first rogue step (and every trajectory), MiniWoB++ steps (rule
+labels, marked ``rule_label``), and hard negatives: benign steps whose observation gains a
+harmless instruction or alarming words, and the read-only twin of every hijacked
+trajectory (its harmful steps taken out: it reads the planted instruction and carries on
+with the user's task; :mod:`worldmodel.datasets.twins`), a safe trajectory. A judge that
+flags every instruction it reads is useless against injections it has not seen. The sample is half safe, half
 unsafe within each mode of each corpus: balanced over the corpora together, MiniWoB++'s
 nearly all-safe steps tilted AgentDojo's unsafe, and the judge could learn which corpus a
 prompt looks like instead of what the step does.

@@ -295,6 +295,24 @@ def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
     assert reviewer is not None
     [verdict] = reviewer.review([ReviewCase(harmful_step())])
     assert verdict.judge_unsafe is not None and "judge_unsafe" in verdict.signals()
+    # a policy whose L2 weighs the judge alone asks the rubrics only of the steps it pages
+    from dataclasses import replace
+
+    from monitor.pipeline import Screener
+
+    l2 = replace(policy.config.tiers[2], signals=("judge_unsafe",))
+    lean = replace(policy.config, tiers=(*policy.config.tiers[:2], l2))
+    for threshold, paged in ((0.0, True), (1.01, False)):
+        g0, g1, g2 = (replace(g, threshold=0.0) for g in policy.gates)  # every step reaches L2
+        gates = (g0, g1, replace(g2, threshold=threshold))
+        judged_only = Screener(replace(policy, config=lean, gates=gates), l0=(),
+                               reviewer=reviewer)
+        assert not judged_only.rubrics_on_path
+        got = judged_only.review([harmful_step(), benign_step()], [{}, {}])
+        for v in got:
+            assert v.review is not None and v.review.judge_unsafe is not None
+            assert (v.tier == 3) == paged and v.review.rubrics_asked == paged, v
+            assert bool(v.review.rubrics) == paged
     # `monitor screen`: a trajectory with a step past L0 gets the judge's verdict on the
     # whole, never below its verdict on a step of it that it reviewed
     from monitor.cli.screen import screen_file

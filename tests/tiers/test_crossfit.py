@@ -118,6 +118,11 @@ def test_calibration_scores_every_step_out_of_domain(
     assert scored == len(train.steps) + len(val.steps)  # every step once, by its own fold
     assert policy.metrics["cross_fit"]["domains"] == domains
     assert any("cross-fitting over 2 domain folds" in x for x in logs)
+    # each held-out domain's own reach figures, adding up to the whole
+    per = policy.metrics["val_by_domain"]
+    assert sorted(per) == sorted(set(val.domains))
+    assert sum(m["steps"] for m in per.values()) == policy.metrics["val"]["steps"]
+    assert sum(m["harmful"] for m in per.values()) == policy.metrics["val"]["harmful"]
 
     # the gate is thresholded on out-of-domain scores: its benign share on them is the budget
     rows = []
