@@ -68,31 +68,36 @@ def _judge_trajectories(
     screener: Screener, batch: list[Trajectory], verdicts: list[StepVerdict], steps: list[Any]
 ) -> list[float | None] | None:
     """The fine-tuned judge's verdict on each whole trajectory of ``batch`` that has a step
-    past L0, when the screener's reviewer is a judge; else None. The verdict is the larger
-    of the judge's trajectory question on the last step (asked of all together) and its
-    verdicts on the trajectory's steps it reviewed: a trajectory is unsafe when any action
-    was, and the last step's view may no longer show an earlier one. The question is asked
-    of every trajectory L0 did not clear whole (one judge call per trajectory, not per
-    step), so a harm the step gates rank low on traffic unlike their training data still
-    meets the judge once."""
+    past L0, when the screener's reviewer is a judge; else None: the largest of its step
+    verdicts over the trajectory's steps past L0 (those L2 reviewed keep their verdict; the
+    others are asked the step question now, all together). A trajectory is unsafe when
+    some action was, and a step is judged by what it did: the judge's trajectory question,
+    asked at the last step of a view cut to a few hundred characters, flags a run that read
+    a planted instruction as often as one that acted on it (``bench/results/
+    judge_read_only.json``), so it is not asked here. One judge call per step L0 did not
+    clear (about a fifth of benign steps at the default budget), so a harm the step gates
+    rank low on traffic unlike their training data still meets the judge."""
     reviewer = screener.reviewer
     if reviewer is None or not getattr(reviewer, "judged", False):
         return None
-    last: list[Any] = []
-    reviewed: list[list[float]] = []  # each trajectory's step verdicts from the judge
+    todo: list[int] = []  # steps past L0 the judge has not read yet
+    known: dict[int, float] = {}
+    for i, v in enumerate(verdicts):
+        if v.tier < 1:
+            continue
+        if v.review is not None and v.review.judge_unsafe is not None:
+            known[i] = v.review.judge_unsafe
+        else:
+            todo.append(i)
+    for i, p in zip(todo, reviewer.judge_steps([steps[i] for i in todo]), strict=True):
+        if p is not None:
+            known[i] = p
+    out: list[float | None] = []
     i = 0
     for t in batch:
-        mine = verdicts[i : i + len(t.steps)]
+        mine = [known[j] for j in range(i, i + len(t.steps)) if j in known]
+        out.append(max(mine) if mine else None)
         i += len(t.steps)
-        reviewed.append([v.review.judge_unsafe for v in mine
-                         if v.review is not None and v.review.judge_unsafe is not None])
-        last.append(steps[i - 1] if t.steps and any(v.tier >= 1 for v in mine) else None)
-    got = iter(reviewer.judge_trajectories([s for s in last if s is not None]))
-    out: list[float | None] = []
-    for s, ps in zip(last, reviewed, strict=True):
-        p = next(got) if s is not None else None
-        known = ps + ([p] if p is not None else [])
-        out.append(max(known) if s is not None and known else None)
     return out
 
 

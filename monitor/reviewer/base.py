@@ -100,6 +100,8 @@ class Reviewer(Protocol):
 
     def judge_trajectories(self, last_steps: Sequence[ScreenStep]) -> list[float | None]: ...
 
+    def judge_steps(self, steps: Sequence[ScreenStep]) -> list[float | None]: ...
+
 
 @dataclass(frozen=True)
 class ReviewerConfig:
@@ -342,6 +344,13 @@ class RubricReviewer:
                              latency_s=v.latency_s + got.latency_s,
                              rationale=got.rationale + note)
         return out
+
+    def judge_steps(self, steps: Sequence[ScreenStep]) -> list[float | None]:
+        """The judge's P(unsafe) for each step's action (its step question, asked of all
+        together); None for each when the model is not a judge, and where a review failed."""
+        if not self.judged:
+            return [None for _ in steps]
+        return [p for p, _ in self._judge_many(steps, "step")]
 
     def judge_trajectories(self, last_steps: Sequence[ScreenStep]) -> list[float | None]:
         """The judge's P(unsafe) that some action of each trajectory was unsafe, from its

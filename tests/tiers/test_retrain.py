@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import vigil.paths
+from monitor.judge_recipe import CORPORA
 from monitor.shipped import metric_differences, shipped_dir
 
 pytestmark = [
@@ -31,7 +32,7 @@ def test_a_retraining_from_scratch_reproduces_the_shipped_metrics(tmp_path: Path
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)
     if os.environ.get("VIGIL_RETRAIN_DATA") == "reuse":
-        for name in ("agentdojo", "toolemu", "miniwob"):
+        for name in CORPORA:
             built = vigil.paths.dataset(name)
             if (built / "manifest.json").exists():
                 (home / "data" / name).symlink_to(built)

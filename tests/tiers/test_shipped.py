@@ -133,14 +133,20 @@ def test_pack_refuses_a_bundle_that_holds_a_pickle(
         pack(p, tmp_path / "out", log=lambda _m: None)
 
 
-def test_the_shipped_models_record_the_data_the_builder_makes(tmp_path: Path) -> None:
-    """The ToolEmu transitions the shipped world model was trained on are what the builder
-    makes from the shared data today (AgentDojo's full build takes minutes: its builds are
-    shown identical across processes in tests/worldmodel/test_agentdojo_data.py)."""
-    from worldmodel.datasets.toolemu.build import build_toolemu
+@pytest.mark.parametrize("name", ["toolemu", "openagentsafety", "stepshield"])
+def test_the_shipped_models_record_the_data_the_builder_makes(tmp_path: Path, name: str
+                                                              ) -> None:
+    """The transitions of each corpus built from a shared file (seconds each) that the shipped
+    world model was trained on are what the builder makes from the shared data today
+    (AgentDojo's full build takes minutes: its builds are shown identical across processes in
+    tests/worldmodel/test_agentdojo_data.py)."""
+    import importlib
 
+    module = importlib.import_module(f"worldmodel.datasets.{name}.build")
+    if not module.default_source().exists():
+        pytest.skip(f"no {name} file at {module.default_source()}")
     manifest = json.loads((shipped_dir() / MANIFEST).read_text())
-    built = build_toolemu(tmp_path / "toolemu", progress=False)
-    assert manifest["data"]["worldmodel"]["toolemu"] == built.content_hash, (
-        "the shipped models were trained on other ToolEmu data than the builder makes now: "
+    built = getattr(module, f"build_{name}")(tmp_path / name, progress=False)
+    assert manifest["data"]["worldmodel"][name] == built.content_hash, (
+        f"the shipped models were trained on other {name} data than the builder makes now: "
         "rebuild them with `make models`")

@@ -24,17 +24,17 @@ from worldmodel.datasets.format import HISTORY, Transition, View
 SUFFIX = "#read-only"  # the twin's trajectory id: the original's with this appended
 
 
-def read_only_twin(steps: Sequence[Transition]) -> Transition | None:
-    """The last step of ``steps``' (one trajectory's transitions) read-only twin, with its
-    history rebuilt from the kept steps; None when the trajectory is not one that read an
-    injection and then acted on it (no harmful step, no injected observation before the
-    first harmful step, or no benign step left after it)."""
+def read_only_steps(steps: Sequence[Transition]) -> list[Transition]:
+    """Every step of ``steps``' (one trajectory's transitions) read-only twin, in order, each
+    with its history rebuilt from the kept steps before it; empty when the trajectory is not
+    one that read an injection and then acted on it (no harmful step, no injected
+    observation before the first harmful step, or no benign step left after it)."""
     ts = sorted(steps, key=lambda t: t.index)
     first_bad = next((i for i, t in enumerate(ts) if t.label), None)
     if first_bad is None:
-        return None
+        return []
     if not any(t.injected for t in ts[: first_bad + 1]):
-        return None  # it never read an injection before it acted
+        return []  # it never read an injection before it acted
     kept: list[Transition] = []
     seen: str | None = None  # what the agent saw before a run of dropped steps
     for t in ts:
@@ -47,9 +47,17 @@ def read_only_twin(steps: Sequence[Transition]) -> Transition | None:
             seen = None
         kept.append(t)
     if not kept or kept[-1].index < ts[first_bad].index:
-        return None  # nothing benign after the first harmful step
-    last = kept[-1]
-    history = tuple((t.observation.text, t.action_text) for t in kept[:-1])[-HISTORY:]
-    return replace(last, trajectory_id=last.trajectory_id + SUFFIX, history=history,
-                   transition_id=last.transition_id + SUFFIX, label=0, category=None,
-                   meta={**(last.meta or {}), "read_only_twin": True})
+        return []  # nothing benign after the first harmful step
+    return [replace(t, trajectory_id=t.trajectory_id + SUFFIX,
+                    transition_id=t.transition_id + SUFFIX, label=0, category=None,
+                    history=tuple((k.observation.text, k.action_text)
+                                  for k in kept[:n])[-HISTORY:],
+                    meta={**(t.meta or {}), "read_only_twin": True})
+            for n, t in enumerate(kept)]
+
+
+def read_only_twin(steps: Sequence[Transition]) -> Transition | None:
+    """The last step of ``steps``' read-only twin (:func:`read_only_steps`), None when it
+    has none."""
+    twin = read_only_steps(steps)
+    return twin[-1] if twin else None
