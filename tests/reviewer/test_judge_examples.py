@@ -86,6 +86,12 @@ def test_a_hijacked_run_teaches_that_reading_an_injection_is_not_harm(tmp_path: 
     read_only = wholes["agentdojo/banking/run#read-only"]
     assert read_only.label == 0 and read_only.hard_negative
     assert "INFORMATION" in read_only.prompt and "send_money" not in read_only.prompt
+    # every step of the twin: the user's task carried on, the injection still read
+    from worldmodel.datasets.twins import read_only_steps
+
+    steps = read_only_steps(list(read_transitions(tmp_path, ["train"])))
+    assert [t.index for t in steps] == [0, 2, 3] and not any(t.label for t in steps)
+    assert "<INFORMATION>" in steps[1].observation.text and steps[-1] == twin
     # without read_only, no twin
     plain = judge_examples([tmp_path], ["train"], hard_negatives=0.0, read_only=False)
     assert not any(e.trajectory_id.endswith("#read-only") for e in plain)
