@@ -13,6 +13,9 @@ sampled every 0.25 s); ``--cases`` reruns some cases and keeps the others' figur
   ``--review-steps`` steps' trajectories, through L2 (the local judge); through L1 also
   with ``--workers 2``;
 * ``toolemu``: ``../shared/data/toolemu/train.jsonl``, through L1 and through L2;
+* ``openagentsafety_L2``: long-step traffic (OpenHands runs, median step 1.8 kB of JSON),
+  the ``val`` trajectories of ``$VIGIL_HOME/data/openagentsafety``, through L2 (issue 32's
+  target: 20 steps a second);
 * ``big`` (``--big-mb N``): the slack file repeated with fresh ids up to N MB, through L1
   (memory must not grow with the file).
 """
@@ -35,15 +38,16 @@ sys.path.insert(0, str(ROOT))
 from bench.machine import machine, tree_rss_mb, write_report  # noqa: E402
 
 
-def _write_slack(out: Path, max_steps: int | None = None) -> int:
+def _write_slack(out: Path, max_steps: int | None = None, corpus: str = "agentdojo",
+                 split: str = "test_slack") -> int:
     import vigil.paths
 
-    src = vigil.paths.dataset("agentdojo") / "trajectories.jsonl"
+    src = vigil.paths.dataset(corpus) / "trajectories.jsonl"
     steps = 0
     with src.open() as f, out.open("w") as w:
         for line in f:
             obj = json.loads(line)
-            if obj.get("meta", {}).get("split") != "test_slack":
+            if obj.get("meta", {}).get("split") != split:
                 continue
             if max_steps is not None and steps >= max_steps:
                 break
@@ -108,10 +112,10 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", metavar="CASE",
                    help="run only these cases (the others keep their earlier figures): "
                    "test_slack_L1 test_slack_L1_workers2 toolemu_L1 toolemu_L2 test_slack_L2 "
-                   "big_L1")
+                   "openagentsafety_L2 big_L1")
     args = p.parse_args()
     want = set(args.cases or ["test_slack_L1", "test_slack_L1_workers2", "toolemu_L1",
-                              "toolemu_L2", "test_slack_L2", "big_L1"])
+                              "toolemu_L2", "test_slack_L2", "openagentsafety_L2", "big_L1"])
     load = os.getloadavg()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -119,6 +123,8 @@ def main() -> None:
     n_slack = _write_slack(slack)
     reviewed = work / "test_slack_head.jsonl"
     n_reviewed = _write_slack(reviewed, args.review_steps)
+    oas = work / "openagentsafety_val.jsonl"
+    n_oas = _write_slack(oas, corpus="openagentsafety", split="val")
     toolemu = ROOT.parent / "shared" / "data" / "toolemu" / "train.jsonl"
     n_toolemu = sum(len(json.loads(x)["steps"]) for x in toolemu.open())
     result = ROOT / "bench" / "results" / "screen.json"
@@ -129,6 +135,7 @@ def main() -> None:
         "toolemu_L1": (toolemu, n_toolemu, "--no-review"),
         "toolemu_L2": (toolemu, n_toolemu),
         "test_slack_L2": (reviewed, n_reviewed),
+        "openagentsafety_L2": (oas, n_oas),
     }
     for name, (path, steps, *extra) in runs.items():
         if name in want:
