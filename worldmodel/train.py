@@ -291,7 +291,9 @@ def train(cfg: TrainConfig, *, log: Any = None) -> Path:
     )
     history: list[dict[str, float]] = []
     step = 0
-    deadline = t_start + cfg.max_minutes * 60
+    # the budget is the training loop's: encoding the texts (minutes on a new corpus, cached
+    # after) once spent it all, and a bundle was written after less than an epoch
+    deadline = time.monotonic() + cfg.max_minutes * 60
     stopped_early = False
     for epoch in range(cfg.epochs):
         sums: dict[str, float] = {}

@@ -183,7 +183,9 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--batch-size", type=int, default=128)
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--latent-dim", type=int, default=128)
-    t.add_argument("--max-minutes", type=float, default=10.0, help="stop training after this")
+    t.add_argument("--max-minutes", type=float, default=10.0,
+                   help="stop the training loop after this many minutes (encoding the texts, "
+                   "cached after the first run, does not count)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--text-encoder", choices=["minilm", "static"], default="minilm",
                    help="minilm: the transformer (cached by text); static: a model2vec model "

@@ -19,10 +19,10 @@ labels, marked ``rule_label``), and hard negatives: benign steps whose observati
 harmless instruction or alarming words, and the read-only twin of every hijacked
 trajectory (its harmful steps taken out: it reads the planted instruction and carries on
 with the user's task; :mod:`worldmodel.datasets.twins`), a safe trajectory. A judge that
-flags every instruction it reads is useless against injections it has not seen. The sample is half safe, half
-unsafe within each mode of each corpus: balanced over the corpora together, MiniWoB++'s
-nearly all-safe steps tilted AgentDojo's unsafe, and the judge could learn which corpus a
-prompt looks like instead of what the step does.
+flags every instruction it reads is useless against injections it has not seen. The sample
+is half safe, half unsafe within each mode of each corpus: balanced over the corpora
+together, MiniWoB++'s nearly all-safe steps tilted AgentDojo's unsafe, and the judge could
+learn which corpus a prompt looks like instead of what the step does.
 
 **How it is trained** (:func:`~monitor.reviewer.train.train_judge`): transformers'
 ``Trainer``, full fine-tuning (the default recipe, :mod:`monitor.judge_recipe`: it transfers
