@@ -368,15 +368,19 @@ def calibrate(
     )
     counted = np.setdiff1d(np.arange(len(val.steps)), unreviewed_va)
     decisions = policy.decide_many([rows_va[i] for i in counted], through=2)
+    # how far every val step gets through L2 (known without a review, so no step is left
+    # out): overall and per held-out domain
+    reach = policy.decide_many(rows_va, through=1)
     by_domain_va: dict[str, Any] = {}
-    if len(val.domains) == len(val.steps):  # each held-out domain's own figures
-        dom = np.asarray(val.domains, dtype=object)[counted]
+    if len(val.domains) == len(val.steps):
+        dom = np.asarray(val.domains, dtype=object)
         for d in sorted(set(dom.tolist())):
             at = np.flatnonzero(dom == d)
-            by_domain_va[d] = gate_metrics([decisions[i] for i in at], val.y[counted][at])
+            by_domain_va[d] = gate_metrics([reach[i] for i in at], val.y[at], n_gates=2)
     metrics = {
         "val": gate_metrics(decisions, val.y[counted]),
-        **({"val_by_domain": by_domain_va} if by_domain_va else {}),
+        "val_reach": gate_metrics(reach, val.y, n_gates=2),
+        **({"val_reach_by_domain": by_domain_va} if by_domain_va else {}),
         "val_harmful_unreviewed_left_out": int(len(unreviewed_va)),
         **({"l2_rubrics": metrics_l2} if metrics_l2 else {}),
         "seconds": round(time.perf_counter() - t0, 1),
