@@ -112,8 +112,9 @@ def screen_batch(screener: Screener, batch: list[Trajectory], through: int
     lines, i = [], 0
     for k, t in enumerate(batch):
         line = trajectory_line(t, verdicts[i : i + len(t.steps)], screener.policy.trajectory)
-        if judged is not None and judged[k] is not None:
-            line["judge_unsafe"] = judged[k]
+        p = judged[k] if judged is not None else None
+        if p is not None:
+            line["judge_unsafe"] = round(p, 6)  # as the steps' signals are
         lines.append(line)
         i += len(t.steps)
     return lines

@@ -187,17 +187,28 @@ def trajectory_steps(datasets: Sequence[str | Path], splits: Sequence[str],
                      keys: set[tuple[str, str]]) -> dict[tuple[str, str], list[ScreenStep]]:
     """Every step, in order, of the trajectories ``keys`` ((domain, trajectory id), as
     :class:`JudgeExample` names them) in ``splits`` of ``datasets``: what grading a
-    trajectory by its steps' verdicts reads."""
+    trajectory by its steps' verdicts reads. A read-only twin's are made from its hijacked
+    original (:func:`~worldmodel.datasets.twins.read_only_steps`)."""
     from monitor.calibrate import screen_step_of_transition
     from worldmodel.datasets.domains import domain_of
     from worldmodel.datasets.format import read_transitions
+    from worldmodel.datasets.twins import SUFFIX, read_only_steps
 
+    originals = {(d, t[: -len(SUFFIX)]) for d, t in keys if t.endswith(SUFFIX)}
     found: dict[tuple[str, str], list[tuple[int, ScreenStep]]] = {}
     for d in datasets:
+        runs: dict[tuple[str, str], list[Any]] = {}
         for t in read_transitions(d, list(splits)):
             key = (domain_of(t), t.trajectory_id)
             if key in keys:
                 found.setdefault(key, []).append((t.index, screen_step_of_transition(t, Path(d))))
+            if key in originals:
+                runs.setdefault(key, []).append(t)
+        for (dom, tid), ts in runs.items():
+            twin = read_only_steps(ts)
+            if twin and (dom, tid + SUFFIX) in keys:
+                found[(dom, tid + SUFFIX)] = [(t.index, screen_step_of_transition(t, Path(d)))
+                                              for t in twin]
     return {k: [s for _, s in sorted(v, key=lambda p: p[0])] for k, v in found.items()}
 
 

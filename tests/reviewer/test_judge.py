@@ -124,7 +124,7 @@ def test_the_train_command_runs_the_default_recipe_and_refuses_a_misspelt_fold(
     small_agentdojo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`monitor reviewer train` with no settings trains the recipe the full defaults train
-    (full fine-tuning, level-2 evidence, a 300-character view); a fold naming no domain of
+    (full fine-tuning, level-3 evidence, a 300-character view); a fold naming no domain of
     the data is one sentence and exit status 2, before any model is loaded or bundle made."""
     from dataclasses import astuple
 
@@ -134,9 +134,9 @@ def test_the_train_command_runs_the_default_recipe_and_refuses_a_misspelt_fold(
     args = build_parser().parse_args(["reviewer", "train"])
     assert FULL.judge is not None and SMALL.judge is not None
     got = (args.method, args.evidence, args.max_chars, args.epochs, args.max_examples,
-           args.eval_examples, args.freeze_embeddings)
+           args.eval_examples, args.freeze_embeddings, args.encoder)
     assert got == astuple(FULL.judge)  # so a bundle of either is up to date for the other
-    assert got[:5] == ("full", 2, 300, 3.0, 400) and got[6]  # packs as the changed blocks
+    assert got[:5] == ("full", 3, 300, 3.0, 500) and got[6]  # packs as the changed blocks
     assert SMALL.judge.method == "lora"  # the demo's judge stays a small adapter
     out = tmp_path / "fold"
     assert main(["reviewer", "train", "--data", str(small_agentdojo), "--exclude-domains",
