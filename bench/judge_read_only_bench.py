@@ -46,11 +46,9 @@ def main() -> None:
     import numpy as np
     from sklearn.metrics import roc_auc_score
 
-    from monitor.calibrate import screen_step_of_transition
     from monitor.reviewer.judge import Judge
-    from monitor.reviewer.train import judge_examples
-    from worldmodel.datasets.format import read_transitions
-    from worldmodel.datasets.twins import SUFFIX, read_only_steps
+    from monitor.reviewer.train import judge_examples, trajectory_steps
+    from worldmodel.datasets.twins import SUFFIX
 
     judge = Judge(args.judge, threads=args.threads)
     rng = np.random.default_rng(0)
@@ -68,15 +66,10 @@ def main() -> None:
             pairs = [pairs[i] for i in sorted(rng.choice(len(pairs), args.n, replace=False))]
         p = judge.p_unsafe([e.prompt for pair in pairs for e in pair])
         # step_max: the judge's step question on every step of each run, the largest
-        runs: dict[str, list[Any]] = {}
-        wanted = {e.trajectory_id for e, _ in pairs}
-        for t in read_transitions(args.data, [split]):
-            if t.trajectory_id in wanted:
-                runs.setdefault(t.trajectory_id, []).append(t)
-        seqs = [sorted(runs[e.trajectory_id], key=lambda t: t.index) for e, _ in pairs]
-        seqs = [x for s in seqs for x in (s, read_only_steps(s))]
-        flat = judge.score_steps([screen_step_of_transition(t, Path(args.data))
-                                  for s in seqs for t in s])
+        keys = [(e.domain, e.trajectory_id) for pair in pairs for e in pair]
+        runs = trajectory_steps([args.data], [split], set(keys))
+        seqs = [runs[k] for k in keys]
+        flat = judge.score_steps([s for seq in seqs for s in seq])
         cuts = np.cumsum([0, *(len(s) for s in seqs)])
         step_max = np.array([flat[a:b].max() for a, b in zip(cuts[:-1], cuts[1:],
                                                               strict=True)])

@@ -147,7 +147,7 @@ class Screener:
         t0 = time.perf_counter()
         got = self.reviewer.add_rubrics(
             [ReviewCase(step=steps[i], signals=dict(rows[i])) for i in todo],
-            [v for i in todo if (v := reviews[i]) is not None])
+            [reviews[i] for i in todo])  # type: ignore[misc]  # not None: see todo
         for i, v in zip(todo, got, strict=True):
             reviews[i] = v
         self.timings["L2"] = self.timings.get("L2", 0.0) + time.perf_counter() - t0

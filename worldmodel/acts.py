@@ -26,6 +26,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 # Cyrillic and Greek letters that look like Latin ones (the usual homoglyph evasions)
@@ -78,8 +79,15 @@ CONFIRM = re.compile(
     r"you (?:may|can) proceed|without asking|no need to (?:ask|confirm)|don'?t ask)\b")
 
 
+@lru_cache(maxsize=512)
+def _stem(stem: str) -> re.Pattern[str]:
+    return re.compile(r"(?<![a-z])" + re.escape(stem))
+
+
 def _has(words: str, stem: str) -> bool:
-    return re.search(r"(?<![a-z])" + re.escape(stem), words) is not None
+    """Whether ``stem`` starts a word of ``words`` (compiled once per stem: this runs on
+    every judge prompt)."""
+    return _stem(stem).search(words) is not None
 
 
 @dataclass(frozen=True)
