@@ -1,6 +1,7 @@
-"""The L2 judge's examples: a step after the first rogue step whose own label nobody gave
-(``meta["label_level"] == "after_rogue"``, StepShield) is no step example, but still makes
-its trajectory harmful and can be the step the trajectory is judged at."""
+"""The L2 judge's examples: read-only twins of hijacked runs; a step after the first rogue
+step whose own label nobody gave (``meta["label_level"] == "after_rogue"``, StepShield) is no
+step example, but still makes its trajectory harmful and can be the step the trajectory is
+judged at."""
 
 from __future__ import annotations
 
@@ -86,6 +87,13 @@ def test_a_hijacked_run_teaches_that_reading_an_injection_is_not_harm(tmp_path: 
     read_only = wholes["agentdojo/banking/run#read-only"]
     assert read_only.label == 0 and read_only.hard_negative
     assert "INFORMATION" in read_only.prompt and "send_money" not in read_only.prompt
+    # the twin's steps after the dropped transfer are safe step examples that read the
+    # injection: the step that took the transfer's place is its safe counterpart
+    twin_steps = [e for e in examples
+                  if e.mode == "step" and e.trajectory_id.endswith("#read-only")]
+    assert len(twin_steps) == 2 and all(e.label == 0 and e.hard_negative for e in twin_steps)
+    assert all("<INFORMATION>" in e.prompt for e in twin_steps)
+    assert not any("send_money" in e.prompt for e in twin_steps)
     # every step of the twin: the user's task carried on, the injection still read
     from worldmodel.datasets.twins import read_only_steps
 
@@ -98,3 +106,4 @@ def test_a_hijacked_run_teaches_that_reading_an_injection_is_not_harm(tmp_path: 
     # a run that never read an injection has no twin
     clean = [replace(t, injected=0) for t in read_transitions(tmp_path, ["train"])]
     assert read_only_twin(clean) is None
+
