@@ -1,4 +1,10 @@
-"""L0: cheap, tool-agnostic rules over a step's text (``rule_*``, 0 or 1 each)."""
+"""L0: cheap, tool-agnostic rules over a step's text (``rule_*``, 0 or 1 each).
+
+The destructive-act rule reads the call as words (:func:`worldmodel.acts.normalise`: NFKC,
+zero-width characters dropped, Cyrillic and Greek look-alikes mapped to Latin, ``snake_case``
+and camelCase split), so ``bulk_delete``, ``files_remove``, ``dele\u200bte_file``, a Cyrillic
+``е`` or a fullwidth ``ｄ`` read as the verbs they spell.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from collections.abc import Sequence
 
 from monitor.scorers.base import TierScorer
 from monitor.screening import ScreenStep
+from worldmodel.acts import normalise
 
 _DESTRUCTIVE = re.compile(
     r"\b(delete|remove|drop|truncate|wipe|erase|destroy|purge|rm\s+-rf|format|kill|"
@@ -54,7 +61,7 @@ class RuleSignals(TierScorer):
                                                          if h.result)])
             out.append(
                 {
-                    "rule_destructive": float(bool(_DESTRUCTIVE.search(call))),
+                    "rule_destructive": float(bool(_DESTRUCTIVE.search(normalise(call)))),
                     "rule_new_recipient": float(bool(new)),
                     "rule_injection_marker": float(bool(_INJECTION.search(read))),
                 }
