@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -399,7 +399,9 @@ def nesting_depth(data: bytes, limit: int = MAX_DEPTH) -> int:
     return max(accumulate(steps, initial=0))
 
 
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# an escaped surrogate (\uD800-\uDFFF), or one written as raw bytes (ED A0-BF ..: not UTF-8,
+# but json.loads decodes bytes with "surrogatepass")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]")
 
 
 def _lone_surrogate(obj: Any) -> str | None:
@@ -475,18 +477,27 @@ def decode(
     return validate(parse_json(data, model.kind, line=line, max_bytes=max_bytes), model, line=line)
 
 
-def read_jsonl(path: str | Path, model: type[R]) -> Iterator[R]:
+def read_jsonl(path: str | Path, model: type[R], *,
+               rejected: Callable[[int, bytes, RecordError], None] | None = None
+               ) -> Iterator[R]:
     """Yield records from a JSON Lines file; blank lines are skipped.
 
     Errors name the file and the line: ``trajs.jsonl: line 3: invalid trajectory
-    record: field 'steps.0.action' required key is missing``.
+    record: field 'steps.0.action' required key is missing``. ``rejected``: a line that
+    cannot be read is handed to it (line number, the line's bytes, the error) and skipped,
+    as the stream dead-letters a record and goes on; without it the first such line raises.
     """
     p = Path(path)
     with p.open("rb") as f:
         for n, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            yield decode(raw, model, line=n)
+            try:
+                yield decode(raw, model, line=n)
+            except RecordError as e:
+                if rejected is None:
+                    raise
+                rejected(n, raw, e)
 
 
 def write_jsonl(path: str | Path, records: Iterable[Record]) -> int:

@@ -129,7 +129,7 @@ def _batches(path: Path, batch_steps: int) -> Iterator[list[Trajectory]]:
     pending: list[Trajectory] = []
     n_pending = 0
     size = min(16, batch_steps)
-    for t in read_jsonl(path, Trajectory):
+    for t in read_jsonl(path, Trajectory, rejected=lambda *_: None):  # counted before
         pending.append(_absolute_screens(t, path.parent))
         n_pending += len(t.steps)
         if n_pending >= size:
@@ -219,6 +219,10 @@ def screen_file(
                 bar.advance(sum(len(line["steps"]) for line in lines))
 
 
+# the exit status of a `monitor screen` run that set some unreadable lines aside
+REJECTED_EXIT = 3
+
+
 def cmd_screen(args: argparse.Namespace) -> int:
     """``monitor screen``: every trajectory of a file through the tiers, one line each."""
     from monitor.pipeline import load_screener
@@ -227,12 +231,28 @@ def cmd_screen(args: argparse.Namespace) -> int:
     src = Path(args.file)
     if not src.exists():
         raise FileNotFoundError(f"{src}: no such file")
-    count = total = 0  # a bad file fails before any model is loaded
-    for t in read_jsonl(src, Trajectory):
+    count = total = 0  # a file with nothing to screen fails before any model is loaded
+    bad: list[dict[str, Any]] = []  # lines that cannot be read: set aside, the rest screened
+
+    def reject(n: int, raw: bytes, e: Exception) -> None:
+        bad.append({"line": n, "error": str(e),
+                    "raw": raw.rstrip(b"\r\n").decode("utf-8", "backslashreplace")})
+
+    for t in read_jsonl(src, Trajectory, rejected=reject):
         count += 1
         total += len(t.steps)
     if count == 0:
+        if bad:
+            raise ValueError(f"{src}: no line could be read as a trajectory ({len(bad)} "
+                             f"rejected; first, {bad[0]['error']})")
         raise ValueError(f"{src}: no trajectories (the file is empty or only blank lines)")
+    rejects = Path(args.rejects or (f"{args.out}.rejected.jsonl" if args.out else
+                                    f"{src.name}.rejected.jsonl"))
+    if bad:
+        with rejects.open("w") as f:
+            f.writelines(json.dumps(b) + "\n" for b in bad)
+        print(f"{src}: {len(bad)} line(s) could not be read and are not screened (first, "
+              f"{bad[0]['error']}); each is in {rejects} with its reason", file=sys.stderr)
     from monitor.defaults import ensure_policy
 
     policy = ensure_policy(args.policy)  # home, else shipped, else built once
@@ -278,7 +298,7 @@ def cmd_screen(args: argparse.Namespace) -> int:
             print(f"adapted gate {name}: threshold {g['calibrated']:.4f} -> {g['threshold']:.4f} "
                   f"(passes {g['window_share']:.1%} of the last {g['seen']} scores reaching it; "
                   f"target {g['target_share']:.1%})", file=sys.stderr)
-    return 0
+    return REJECTED_EXIT if bad else 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -333,6 +353,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("file", help="trajectories, one a line (DESIGN §2.1)")
     p.add_argument("--out", help="output JSON Lines (default: standard output)")
+    p.add_argument("--rejects", metavar="FILE",
+                   help="where lines that cannot be read go, one JSON object each with the "
+                   "line number, the reason and the line (default: OUT.rejected.jsonl, or "
+                   "FILE.rejected.jsonl in the working directory without --out); the rest "
+                   "is screened and the exit status is 3")
     p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
     p.add_argument("--no-review", action="store_true", help="stop after L1 (no L2 reviewer)")
     p.add_argument("--batch-steps", type=int, default=256, help="steps scored together")

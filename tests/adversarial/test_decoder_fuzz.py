@@ -93,6 +93,8 @@ def test_odd_json_decodes_or_raises_one_record_error(text: str, model: type) -> 
     (b'{"trajectory_id": "' + b"9" * 6000 + b'"}', "step"),  # a long string is fine JSON
     (b'{"trajectory_id": ' + b"9" * 6000 + b"}", "digits"),
     (b'{"trajectory_id": "t", "meta": {"k": "\\ud800"}, "step": {}}', "surrogate"),
+    # the same surrogate as raw bytes (not UTF-8; json.loads would pass it through)
+    (b'{"trajectory_id": "t", "meta": {"k": "\xed\xa0\x80"}, "step": {}}', "surrogate"),
     (b"\xff\xfe\x00", "not valid"),
 ])
 def test_each_odd_payload_gets_a_reason_that_names_it(payload: bytes, says: str) -> None:

@@ -89,3 +89,24 @@ def test_adapting_gates_in_several_workers_is_refused_with_the_reason(
     assert main(["screen", str(src), "--policy", str(tiny_policy), "--adapt",
                  "--workers", "2"]) == 2
     assert "--adapt needs --workers 1" in capsys.readouterr().err
+
+
+def test_one_bad_line_is_set_aside_and_the_rest_of_the_file_screened(
+    small_agentdojo: Path, tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    picked = _sample(small_agentdojo, src, n=4)
+    good = src.read_bytes().splitlines(keepends=True)
+    truncated = good[1][: len(good[1]) // 2] + b"\n"  # a line cut off mid-write
+    surrogate = b'{"trajectory_id": "s", "steps": [{"step_id": "0", "index": 0, ' \
+                b'"action": {"text": "hi \xed\xa0\x80"}}]}\n'  # a lone surrogate as raw bytes
+    src.write_bytes(good[0] + truncated + good[1] + surrogate + b"".join(good[2:]))
+    assert main(["screen", str(src), "--out", str(dst), "--policy", str(tiny_policy)]) == 3
+    lines = [json.loads(x) for x in dst.read_text().splitlines()]
+    assert [x["trajectory_id"] for x in lines] == [p["trajectory_id"] for p in picked]
+    rejects = [json.loads(x) for x in Path(f"{dst}.rejected.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in rejects] == [2, 4]
+    assert "not valid JSON" in rejects[0]["error"] and "surrogate" in rejects[1]["error"]
+    assert rejects[0]["raw"].encode() == truncated.rstrip(b"\n")
+    err = capsys.readouterr().err
+    assert "2 line(s) could not be read" in err and "rejected.jsonl" in err
