@@ -8,8 +8,9 @@ model cut to N blocks (in the dtype the judge runs in: bfloat16 where the CPU mu
 natively) on ``--n`` real judge prompts of never-trained-on ``test_slack`` steps, written as
 the default recipe writes them (:data:`monitor.judge_recipe.JUDGE`: evidence level, view
 length). The prompts are built once, first: writing them (the evidence's sentence encoder)
-is timed apart (``prompt_writing_s_per_prompt``: the view and the evidence, whose level 2
-encodes the passages the agent read with MiniLM). Writes ``bench/results/judge_fast_speed.json``.
+is timed apart, after the encoder is loaded (``prompt_writing_s_per_prompt``: the view and the
+evidence, whose level 2 and up encode the passages the agent read with ``--encoder``: MiniLM,
+or its static distillation). Writes ``bench/results/judge_fast_speed.json``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=128)
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--evidence", type=int, default=None,
+                    help="evidence level of the prompts (default: the recipe's)")
+    ap.add_argument("--encoder", choices=["minilm", "static"], default=None,
+                    help="the goal alignment's sentence encoder (default: the recipe's)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/judge_fast_speed.json"))
     args = ap.parse_args()
     load0 = os.getloadavg()
@@ -58,10 +63,18 @@ def main() -> None:
     from monitor.reviewer.judge import _p_unsafe, judge_prompts
     from probes.models import keep_first_layers
 
+    args.evidence = JUDGE.evidence if args.evidence is None else args.evidence
+    args.encoder = args.encoder or JUDGE.encoder
+
     steps = slack_steps(args.n)
-    t0 = time.perf_counter()  # writing the prompts: the view, and the evidence (level 2
-    prompts = judge_prompts(steps, mode="step", max_chars=JUDGE.max_chars,  # encodes text)
-                            evidence_level=JUDGE.evidence)
+
+    def write(batch: list[Any]) -> list[str]:
+        return judge_prompts(batch, mode="step", max_chars=JUDGE.max_chars,
+                             evidence_level=args.evidence, encoder=args.encoder)
+
+    write(steps[:8])  # loads the sentence encoder: not a per-prompt cost
+    t0 = time.perf_counter()  # writing the prompts: the view, and the evidence (level 2 and
+    prompts = write(steps)  # up encode the passages the agent read)
     write_s = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     for n in sorted(args.layers, reverse=True):
@@ -81,7 +94,7 @@ def main() -> None:
     out = {
         "command": " ".join([Path(sys.executable).as_posix(), *sys.argv]),
         "data": f"{len(prompts)} test_slack steps (AgentDojo) as judge prompts, evidence "
-                f"{JUDGE.evidence}, max_chars {JUDGE.max_chars}",
+                f"{args.evidence} ({args.encoder} encoder), max_chars {JUDGE.max_chars}",
         "prompt_tokens": {"median": sorted(tokens)[len(tokens) // 2], "max": max(tokens)},
         "prompt_writing_s_per_prompt": round(write_s / max(1, len(prompts)), 4),
         "results": rows,

@@ -230,13 +230,18 @@ class Screener:
     def review(
         self, steps: Sequence[ScreenStep], prior: Sequence[Mapping[str, float]]
     ) -> list[StepVerdict]:
-        """The L2 stage alone (the escalations consumer): ``prior`` = L0 + L1 signals."""
+        """The L2 stage alone (the escalations consumer): ``prior`` = L0 + L1 signals. Gates
+        0 and 1 are not decided again: the stages before escalated these steps, perhaps with
+        live thresholds (``--adapt``) below the calibrated ones; only gate 2 decides here."""
         reviews = self.review_signals(steps, prior)
         rows = [dict(p) for p in prior]
         for row, v in zip(rows, reviews, strict=True):
             if v is not None:
                 row.update(v.signals())
-        decisions = self.policy.decide_many(rows, through=2)
+        thresholds = list(self.live.thresholds() if self.live is not None else
+                          (g.threshold_for(False) for g in self.policy.gates))
+        thresholds[0] = thresholds[1] = 0.0  # passed already
+        decisions = self.policy.decide_many(rows, through=2, thresholds=thresholds)
         self.page_rubrics(steps, decisions, rows, reviews)
         return [
             self._verdict(s, d, r, v) for s, d, r, v in zip(steps, decisions, rows, reviews,

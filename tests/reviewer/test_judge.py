@@ -313,6 +313,12 @@ def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
             assert v.review is not None and v.review.judge_unsafe is not None
             assert (v.tier == 3) == paged and v.review.rubrics_asked == paged, v
             assert bool(v.review.rubrics) == paged
+    # the L2 stage alone decides gate 2 only: the stages before escalated these steps, perhaps
+    # with live thresholds (--adapt) below the calibrated ones of gates 0 and 1
+    g0, g1, g2 = policy.gates
+    shut = (replace(g0, threshold=1.01), replace(g1, threshold=1.01), replace(g2, threshold=0.0))
+    stage = Screener(replace(policy, config=lean, gates=shut), l0=(), reviewer=reviewer)
+    assert [v.tier for v in stage.review([harmful_step(), benign_step()], [{}, {}])] == [3, 3]
     # `monitor screen`: a trajectory with a step past L0 gets the judge's verdict on the
     # whole, never below its verdict on a step of it that it reviewed
     from monitor.cli.screen import screen_file
