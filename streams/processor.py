@@ -62,6 +62,16 @@ class Output:
     idempotency_key: str | None = None
 
 
+@dataclass(frozen=True)
+class Reject:
+    """A batch handler's verdict that one input ``message`` is bad although it decoded (a
+    step id already taken by a different step, say): it is dead-lettered with ``reason``
+    among the batch's outputs, and the rest of the batch is handled."""
+
+    message: Message
+    reason: str
+
+
 def record_headers(record: Record, idempotency_key: str | None = None) -> dict[str, bytes]:
     headers = {H_KIND: record.kind.encode(), H_SCHEMA: str(SCHEMA_VERSION).encode()}
     if idempotency_key:
@@ -98,7 +108,7 @@ def dead_letter_record(
 
 
 Handler = Callable[[Record, Message], Iterable[Output]]
-BatchHandler = Callable[[list[tuple[Record, Message]]], Iterable[Output]]
+BatchHandler = Callable[[list[tuple[Record, Message]]], Iterable[Output | Reject]]
 Positions = Mapping[tuple[str, int], int]
 
 
@@ -218,8 +228,11 @@ class StreamProcessor:
         kind = reason.split(":", 1)[0]
         self.stats.reasons[kind] = self.stats.reasons.get(kind, 0) + 1
 
-    def _emit(self, outputs: Iterable[Output]) -> None:
+    def _emit(self, outputs: Iterable[Output | Reject]) -> None:
         for out in outputs:
+            if isinstance(out, Reject):
+                self.reject(out.message, out.reason)
+                continue
             value = encode(out.record)
             headers = record_headers(out.record, out.idempotency_key)
             try:

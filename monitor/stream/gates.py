@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 from monitor.stream.stats import Report
 from streams.bus import Bus, Message
 from streams.config import Topics
-from streams.processor import Output, Positions, StreamProcessor
+from streams.processor import Output, Positions, Reject, StreamProcessor
 from streams.records import GateState, Record, RecordError, decode
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from monitor.adaptive import LiveGates
 
@@ -89,7 +89,7 @@ def stage_processor(
     *,
     topics: Topics,
     sketches: GateSketches | None,
-    handler: Callable[[list[tuple[Record, Message]]], list[Output]],
+    handler: Callable[[list[tuple[Record, Message]]], Iterable[Output | Reject]],
     hold: Callable[[], Positions],
     tick: Callable[[], list[Output]],
     batch_size: int,

@@ -18,6 +18,7 @@ batch is scored.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -32,7 +33,7 @@ from monitor.stream.stats import Report, WorkerStats, clip01, finite, stderr
 from monitor.stream.verdicts import RolloutVerdicts
 from streams.bus import Bus, Message
 from streams.config import Topics
-from streams.processor import Output, Positions, StreamProcessor
+from streams.processor import Output, Positions, Reject, StreamProcessor
 from streams.records import (
     GateState,
     L0Step,
@@ -88,6 +89,11 @@ class StepHistories:
                 self.history.forget(e.trajectory_id)
 
 
+def _digest(e: StepEvent) -> bytes:
+    """What identifies a step's content: its record without the stream's own bookkeeping."""
+    return hashlib.blake2b(e.step.model_dump_json().encode(), digest_size=16).digest()
+
+
 class ScreenStage:
     """L0 on every step; its tier-0 score at once, the step and its L0 verdict to L1.
 
@@ -115,8 +121,10 @@ class ScreenStage:
         execution_timeout_s: float = 600.0,
         report: Report = stderr,
         gates_every_s: float = 10.0,
+        steps_remembered: int = 200_000,
     ) -> None:
         self.screener = screener
+        self.steps_remembered = steps_remembered
         self.topics = topics
         self.stats = stats or WorkerStats()
         self.metrics = metrics
@@ -130,6 +138,9 @@ class ScreenStage:
         self.sketches = (None if screener.live is None else
                          GateSketches(screener.live, topics, report, every_s=gates_every_s))
         self._canaries_seen: OrderedDict[str, None] = OrderedDict()  # redelivered re-injections
+        # each recent step's key (trajectory/step id) and a digest of the step it names: a
+        # redelivery is the same step again; another step under a taken key is refused
+        self._steps_seen: OrderedDict[str, bytes] = OrderedDict()
         if metrics is not None:
             for k, g in enumerate(screener.policy.gates):
                 metrics.gate_budget.labels(gate=f"L{k}").set(g.budget)
@@ -150,11 +161,11 @@ class ScreenStage:
         """The first offset of every open rollout execution: commits never pass it."""
         return self.open.hold()
 
-    def handle_batch(self, items: list[tuple[Record, Message]]) -> list[Output]:
+    def handle_batch(self, items: list[tuple[Record, Message]]) -> list[Output | Reject]:
         # consume: the batch's step events, each with its history
-        events = self._fresh(items)
+        events, rejected = self._fresh(items)
         if not events:
-            return []
+            return list(rejected)
         if self.sketches is not None:
             self.sketches.screened = True
         steps, pending = self.histories.steps([e for e, _ in events])
@@ -164,7 +175,7 @@ class ScreenStage:
         now = time.time()
         canary = [is_canary(e.meta) for e, _ in events]
         # publish: the tier-0 score, the step for L1 and the label of every step
-        outputs: list[Output] = []
+        outputs: list[Output | Reject] = list(rejected)
         for (e, m), v, c in zip(events, verdicts, canary, strict=True):
             outputs.extend(self._outputs(e, m, v, now))
             outputs.extend(self._label(e, c, now))
@@ -175,8 +186,11 @@ class ScreenStage:
                 self._canaries_seen[f"{e.trajectory_id}/{e.step.step_id}"] = None
             else:
                 self.open.track(e, m, v, now)
+            self._steps_seen[f"{e.trajectory_id}/{e.step.step_id}"] = _digest(e)
         while len(self._canaries_seen) > 100_000:
             self._canaries_seen.popitem(last=False)
+        while len(self._steps_seen) > self.steps_remembered:
+            self._steps_seen.popitem(last=False)
         outputs.extend(self._inject(events, canary))
         if self.sketches is not None:
             outputs.extend(self.sketches.save(now))
@@ -185,10 +199,16 @@ class ScreenStage:
             self._observe(events, verdicts, canary, self.screener.timings.get("L0", 0.0) - spent)
         return outputs
 
-    def _fresh(self, items: list[tuple[Record, Message]]) -> list[tuple[StepEvent, Message]]:
+    def _fresh(self, items: list[tuple[Record, Message]]
+               ) -> tuple[list[tuple[StepEvent, Message]], list[Reject]]:
         """The batch's step events, less canary steps already screened (a redelivered batch
-        upstream re-injects the same canary instances)."""
+        upstream re-injects the same canary instances), and those refused: a step whose
+        trajectory and step id name a different step seen before (in this batch or one of
+        the last :attr:`steps_remembered`). Its scores and page would share the first one's
+        idempotency keys, so a consumer that de-duplicates by key would drop them unseen."""
         events: list[tuple[StepEvent, Message]] = []
+        rejected: list[Reject] = []
+        batch: dict[str, bytes] = {}
         for rec, m in items:
             if isinstance(rec, GateState):  # saved sketches read back
                 if self.sketches is not None:
@@ -196,12 +216,19 @@ class ScreenStage:
                 continue
             if not isinstance(rec, StepEvent):  # pragma: no cover - the models map admits these
                 raise TypeError(f"expected a step event, got {rec.kind}")
-            if is_canary(rec.meta):
-                key = f"{rec.trajectory_id}/{rec.step.step_id}"
-                if key in self._canaries_seen:
-                    continue
+            key = f"{rec.trajectory_id}/{rec.step.step_id}"
+            if is_canary(rec.meta) and key in self._canaries_seen:
+                continue
+            digest = _digest(rec)
+            first = batch.get(key, self._steps_seen.get(key))
+            if first is not None and first != digest:
+                rejected.append(Reject(m, f"duplicate: step {rec.step.step_id!r} of trajectory "
+                                          f"{rec.trajectory_id!r} was already screened with "
+                                          "different content; give each step its own step_id"))
+                continue
+            batch[key] = digest
             events.append((rec, m))
-        return events
+        return events, rejected
 
     def _outputs(self, e: StepEvent, m: Message, v: StepVerdict, now: float) -> list[Output]:
         tid, sid = e.trajectory_id, e.step.step_id

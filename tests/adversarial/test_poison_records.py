@@ -1,5 +1,6 @@
 """Poison pills on the real broker: a record nested 5,000 deep, NaN, a 6,000-digit number,
-an oversized record, and a rollout execution that never ends. Each is dead-lettered (or
+an oversized record, a second step under a step id already taken, and a rollout execution that
+never ends. Each is dead-lettered (or
 closed as incomplete) once, every valid step around them is scored, the worker exits
 cleanly, and its commits reach the end so a restart redoes nothing."""
 
@@ -13,7 +14,7 @@ import pytest
 
 from streams.kafka import KafkaBus
 from streams.processor import H_DLQ_REASON, H_DLQ_SIZE, publish_record
-from streams.records import StepEvent, Trajectory, decode, step_events
+from streams.records import Action, StepEvent, Trajectory, decode, step_events
 from tests.worker.conftest import ROOT, Outputs, committed
 
 pytestmark = pytest.mark.broker
@@ -51,15 +52,22 @@ def test_poison_records_are_dead_lettered_once_and_the_stream_goes_on(
         if i % 3 == 0 and POISON:
             name, payload = POISON.popitem()
             bus.publish(topics.steps_deployment, payload, key=f"poison-{name}")
+    # another step under a step id already screened: its score would share the first one's
+    # idempotency key, so a consumer de-duplicating by key would drop it unseen
+    other = steps[0].model_copy(update={"step": steps[0].step.model_copy(
+        update={"action": Action(text="rm -rf ~")})})
+    publish_record(bus, topics.steps_deployment, other, key=other.trajectory_id)
     bus.flush()
-    total = 12 + 4
+    total = 12 + 4 + 1
     group = f"{unique}.w"
     first = start_stream(topics, "--role", "screen", "--group", group, "--idle-timeout", "4")
     assert first.proc.wait(240) == 0, first.log()[-3000:]
-    assert out.read_until(lambda o: len(o.of(topics.deadletter)) >= 4
+    assert out.read_until(lambda o: len(o.of(topics.deadletter)) >= 5
                           and len(set(o.keys(topics.scores, tier=0))) >= 12, timeout=30)
     reasons = sorted(m.header(H_DLQ_REASON) or "" for m in out.of(topics.deadletter))
     assert any("nested 5000 levels deep" in r for r in reasons), reasons
+    assert any(r.startswith("duplicate:") and repr(steps[0].step.step_id) in r
+               for r in reasons), reasons
     assert any("NaN" in r for r in reasons) and any("digits" in r for r in reasons)
     oversize = [m for m in out.of(topics.deadletter) if m.key == "poison-oversize"]
     assert oversize and int(oversize[0].header(H_DLQ_SIZE) or 0) > 1_100_000
@@ -71,7 +79,7 @@ def test_poison_records_are_dead_lettered_once_and_the_stream_goes_on(
     again = start_stream(topics, "--role", "screen", "--group", group, "--idle-timeout", "3")
     assert again.proc.wait(240) == 0, again.log()[-3000:]
     out.read_until(lambda o: False, timeout=3)
-    assert len(out.of(topics.deadletter)) == 4
+    assert len(out.of(topics.deadletter)) == 5
     assert len(out.keys(topics.scores, tier=0)) == 12
     out.close()
     bus.close()
