@@ -11,6 +11,7 @@ from typing import Any
 import vigil.paths
 from monitor.cli.common import CliError
 from monitor.judge_recipe import CORPORA, JUDGE
+from monitor.serve_limits import ServeLimits
 
 TRAIN_EXAMPLES = (
     "examples:\n"
@@ -83,10 +84,23 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
     import uvicorn
 
-    from monitor.reviewer.serve import create_app
+    from monitor.reviewer.serve import check_exposure, create_app
 
+    token = args.token or os.environ.get("VIGIL_REVIEWER_TOKEN") or None
+    limits = ServeLimits(args.max_body_bytes, args.max_prompt_tokens, args.max_request_tokens,
+                         args.max_prompts, args.request_timeout, args.max_queue,
+                         args.queue_timeout)
+    try:
+        limits.check()
+        note = check_exposure(args.host, token)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    if note:
+        print(note, file=sys.stderr)
     if args.judge:
         from monitor.reviewer.judge import Judge
 
@@ -99,8 +113,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         lm = load_reviewer_model(args.model_path, threads=args.threads)
     print(f"serving {lm.model_id} at http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(create_app(lm, model_name=args.model_name), host=args.host, port=args.port,
-                log_level="info")
+    uvicorn.run(create_app(lm, model_name=args.model_name, token=token, limits=limits),
+                host=args.host, port=args.port, log_level="info")
     return 0
 
 
@@ -202,4 +216,25 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8001)
     s.add_argument("--threads", type=int)
+    s.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every request "
+                   "(default: $VIGIL_REVIEWER_TOKEN; required on any host but loopback)")
+    d = ServeLimits()
+    s.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help=f"larger request bodies get 413 before they are read (default "
+                   f"{d.max_body_bytes})")
+    s.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens,
+                   help=f"a longer prompt gets 400 (default {d.max_prompt_tokens})")
+    s.add_argument("--max-request-tokens", type=int, default=d.max_request_tokens,
+                   help=f"more prompt tokens in one request get 400 (default "
+                   f"{d.max_request_tokens})")
+    s.add_argument("--max-prompts", type=int, default=d.max_prompts,
+                   help=f"more prompts in one request get 400 (default {d.max_prompts})")
+    s.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
+                   help=f"seconds one request may compute before 504 (default "
+                   f"{d.request_timeout_s:g})")
+    s.add_argument("--max-queue", type=int, default=d.max_queue,
+                   help=f"requests waiting for the model before 429 (default {d.max_queue})")
+    s.add_argument("--queue-timeout", type=float, default=d.queue_timeout_s,
+                   help=f"seconds a request waits for the model before 503 (default "
+                   f"{d.queue_timeout_s:g})")
     s.set_defaults(fn=cmd_serve)

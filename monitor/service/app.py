@@ -33,6 +33,7 @@ from monitor.service.screen import ScreenQueue
 from monitor.service.settings import PagingSettings
 from monitor.service.web import routes as web
 from streams.bus import Bus
+from vigil.asgi import BodyLimit
 
 if TYPE_CHECKING:
     from monitor.pipeline import Screener
@@ -268,15 +269,14 @@ def _html_error(request: Request, code: int, title: str, message: str) -> HTMLRe
 
 
 class _Guard:
-    """Refuses bodies over the limit (413, before the body is read or parsed) and adds security
-    headers to every response. ``limits``: a tighter limit for some paths, with the setting
-    that changes it."""
+    """Refuses bodies over the limit (413, before the body is read or parsed:
+    :class:`vigil.asgi.BodyLimit`) and adds security headers to every response, the 413 too.
+    ``limits``: a tighter limit for some paths, with the setting that changes it."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int,
                  limits: Mapping[str, tuple[int, str]] | None = None) -> None:
-        self.app = app
-        self.max_body_bytes = max_body_bytes
-        self.limits = dict(limits or {})
+        self.app = BodyLimit(app, max_body_bytes, setting="VIGIL_PAGING_MAX_BODY_BYTES",
+                             limits=limits, who="service")
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -294,58 +294,4 @@ class _Guard:
                 message["headers"] = headers
             await send(message)
 
-        path = scope["path"].removeprefix(scope.get("root_path", "")).rstrip("/") or "/"
-        limit, setting = self.limits.get(path, (self.max_body_bytes,
-                                                "VIGIL_PAGING_MAX_BODY_BYTES"))
-        too_big = (f"request body over the limit of {limit} bytes for {scope['method']} "
-                   f"{scope['path']} (the service's {setting})")
-        length = dict(scope.get("headers", [])).get(b"content-length")
-        if length is not None:
-            try:
-                over = int(length) > limit
-            except ValueError:
-                await _reply(send_with_headers, 400, "invalid Content-Length header")
-                return
-            if over:
-                await _reply(send_with_headers, 413, too_big)
-                return
-            await self.app(scope, receive, send_with_headers)
-            return
-        # no Content-Length (chunked): read up to the limit before the app sees it
-        chunks: list[bytes] = []
-        size = 0
-        more = scope["method"] not in ("GET", "HEAD", "OPTIONS", "DELETE")
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > limit:
-                await _reply(send_with_headers, 413, too_big)
-                return
-            chunks.append(body)
-            more = message.get("more_body", False)
-        if not chunks:
-            await self.app(scope, receive, send_with_headers)
-            return
-        replayed = False
-
-        async def replay() -> MutableMapping[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send_with_headers)
-
-
-async def _reply(send: Any, code: int, detail: str) -> None:
-    import json
-
-    body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": code,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+        await self.app(scope, receive, send_with_headers)
