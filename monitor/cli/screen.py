@@ -219,8 +219,9 @@ def screen_file(
                 bar.advance(sum(len(line["steps"]) for line in lines))
 
 
-# the exit status of a `monitor screen` run that set some unreadable lines aside
-REJECTED_EXIT = 3
+# the exit status of a `monitor screen` run that set some unreadable lines aside, and how
+# much of each such line its rejects file keeps
+REJECTED_EXIT, REJECT_HEAD = 3, 1024
 
 
 def cmd_screen(args: argparse.Namespace) -> int:
@@ -235,10 +236,11 @@ def cmd_screen(args: argparse.Namespace) -> int:
     bad: list[dict[str, Any]] = []  # lines that cannot be read: set aside, the rest screened
 
     def reject(n: int, raw: bytes, e: Exception) -> None:
-        bad.append({"line": n, "error": str(e),
-                    "raw": raw.rstrip(b"\r\n").decode("utf-8", "backslashreplace")})
+        line = raw.rstrip(b"\r\n")
+        bad.append({"line": n, "error": str(e), "bytes": len(line),
+                    "head": line[:REJECT_HEAD].decode("utf-8", "backslashreplace")})
 
-    for t in read_jsonl(src, Trajectory, rejected=reject):
+    for t in read_jsonl(src, Trajectory, rejected=None if args.strict else reject):
         count += 1
         total += len(t.steps)
     if count == 0:
@@ -355,9 +357,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", help="output JSON Lines (default: standard output)")
     p.add_argument("--rejects", metavar="FILE",
                    help="where lines that cannot be read go, one JSON object each with the "
-                   "line number, the reason and the line (default: OUT.rejected.jsonl, or "
-                   "FILE.rejected.jsonl in the working directory without --out); the rest "
-                   "is screened and the exit status is 3")
+                   "line number, the reason, the line's size and its first KB (default: "
+                   "OUT.rejected.jsonl, or FILE.rejected.jsonl in the working directory "
+                   "without --out); the rest is screened and the exit status is 3")
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first line that cannot be read (exit status 2, nothing "
+                   "screened)")
     p.add_argument("--policy", help="calibrated policy (default: $VIGIL_HOME/models/policy.json)")
     p.add_argument("--no-review", action="store_true", help="stop after L1 (no L2 reviewer)")
     p.add_argument("--batch-steps", type=int, default=256, help="steps scored together")

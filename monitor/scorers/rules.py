@@ -1,8 +1,9 @@
 """L0: cheap, tool-agnostic rules over a step's text (``rule_*``, 0 or 1 each).
 
-The destructive-act rule reads the call as words (:func:`worldmodel.acts.normalise`: NFKC,
-zero-width characters dropped, Cyrillic and Greek look-alikes mapped to Latin, ``snake_case``
-and camelCase split), so ``bulk_delete``, ``files_remove``, ``dele\u200bte_file``, a Cyrillic
+The destructive-act rule reads the call as it is and as words
+(:func:`worldmodel.acts.normalise`: NFKC, invisible and bidirectional controls dropped,
+look-alikes mapped to ASCII by Unicode's confusables table, ``snake_case``, kebab-case and
+camelCase split), so ``bulk_delete``, ``removeFiles``, ``dele\u200bte_file``, a Cyrillic
 ``е`` or a fullwidth ``ｄ`` read as the verbs they spell.
 """
 
@@ -61,7 +62,8 @@ class RuleSignals(TierScorer):
                                                          if h.result)])
             out.append(
                 {
-                    "rule_destructive": float(bool(_DESTRUCTIVE.search(normalise(call)))),
+                    "rule_destructive": float(bool(_DESTRUCTIVE.search(call)
+                                                   or _DESTRUCTIVE.search(normalise(call)))),
                     "rule_new_recipient": float(bool(new)),
                     "rule_injection_marker": float(bool(_INJECTION.search(read))),
                 }

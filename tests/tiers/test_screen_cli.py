@@ -107,6 +107,12 @@ def test_one_bad_line_is_set_aside_and_the_rest_of_the_file_screened(
     rejects = [json.loads(x) for x in Path(f"{dst}.rejected.jsonl").read_text().splitlines()]
     assert [r["line"] for r in rejects] == [2, 4]
     assert "not valid JSON" in rejects[0]["error"] and "surrogate" in rejects[1]["error"]
-    assert rejects[0]["raw"].encode() == truncated.rstrip(b"\n")
+    assert rejects[0]["head"].encode() == truncated.rstrip(b"\n")[:1024]
+    assert rejects[0]["bytes"] == len(truncated) - 1
     err = capsys.readouterr().err
     assert "2 line(s) could not be read" in err and "rejected.jsonl" in err
+    # --strict: today's stop at the first bad line, nothing screened
+    strict = tmp_path / "strict.jsonl"
+    assert main(["screen", str(src), "--out", str(strict), "--policy", str(tiny_policy),
+                 "--strict"]) == 2
+    assert "line 2" in capsys.readouterr().err and not strict.exists()

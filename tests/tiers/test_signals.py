@@ -3,10 +3,13 @@ a policy naming an unknown signal fails in one sentence, and the L0 gate reads R
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from monitor.scorers import (
     RLHealthSignals,
@@ -181,6 +184,7 @@ def test_rebuilt_rollout_steps_carry_what_the_rl_flags_need() -> None:
 
 
 @pytest.mark.parametrize("tool", ["delete_file", "bulk_delete", "files_remove", "deleteFile",
+                                  "removeFiles", "bulk-delete", "del\u202eete_file",
                                   "dele\u200bte_file", "d\u0435lete_file", "\uff44elete_file",
                                   "DROP_TABLE"])
 def test_the_destructive_rule_reads_through_names_and_look_alikes(tool: str) -> None:
@@ -200,3 +204,50 @@ def test_the_destructive_rule_leaves_reads_alone(tool: str) -> None:
                                                                 "arguments": {"path": "a.txt"}})})
     st = ScreenStep(trajectory_id="t", task="tidy up", step=step, source="deployment")
     assert RuleSignals().score_steps([st])[0]["rule_destructive"] == 0.0
+
+
+def _destructive(tool: str) -> float:
+    step = Step.model_validate({"step_id": "s1", "index": 0,
+                                "observation": Observation(text="the files"),
+                                "action": Action(text="", tool={"name": tool,
+                                                                "arguments": {"path": "a.txt"}})})
+    st = ScreenStep(trajectory_id="t", task="tidy up", step=step, source="deployment")
+    return RuleSignals().score_steps([st])[0]["rule_destructive"]
+
+
+@st.composite
+def disguised(draw: st.DrawFn) -> str:
+    """A destructive tool name, written in any case style, with look-alike letters (from
+    Unicode's confusables table), fullwidth forms and invisible characters mixed in."""
+    from worldmodel.acts import _confusable
+
+    looks: dict[str, list[str]] = {}
+    for code, target in _confusable().items():
+        folded = unicodedata.normalize("NFKC", chr(code))
+        # an ASCII digit stays a digit (1 for l, 0 for o: numbers in arguments would change)
+        if len(target) == 1 and not (folded.isascii() and folded != target):
+            looks.setdefault(target, []).append(chr(code))
+    verb = draw(st.sampled_from(["delete", "remove", "drop", "wipe", "erase", "purge",
+                                 "destroy", "truncate"]))
+    noun = draw(st.sampled_from(["file", "files", "table", "records", "user", "repo"]))
+    style = draw(st.sampled_from(["snake", "camel", "kebab", "bulk"]))
+    name = {"snake": f"{verb}_{noun}", "camel": f"{verb}{noun.title()}",
+            "kebab": f"{verb}-{noun}", "bulk": f"{noun}_{verb}"}[style]
+    out = []
+    for ch in name:
+        how = draw(st.sampled_from(["keep", "keep", "look", "wide", "invisible"]))
+        if how == "look" and looks.get(ch):
+            ch = draw(st.sampled_from(looks[ch]))
+        elif how == "wide" and ch.isascii() and ch.isalnum():
+            ch = chr(ord(ch) + 0xFEE0)  # fullwidth form
+        elif how == "invisible":
+            ch += draw(st.sampled_from(["\u200b", "\u200d", "\u2060", "\u202e", "\u2066",
+                                        "\u00ad", "\ufeff"]))
+        out.append(ch)
+    return "".join(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(disguised())
+def test_a_destructive_name_stays_destructive_however_it_is_disguised(tool: str) -> None:
+    assert _destructive(tool) == 1.0, ascii(tool)
