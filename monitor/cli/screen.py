@@ -303,11 +303,46 @@ def cmd_screen(args: argparse.Namespace) -> int:
     return REJECTED_EXIT if bad else 0
 
 
+def _calibrate_benign(args: argparse.Namespace) -> int:
+    """``monitor calibrate --benign FILE``: the policy's thresholds re-fitted to the user's
+    known-good runs (:mod:`monitor.benign`), models and weights kept."""
+    from monitor.benign import MIN_BENIGN_STEPS, describe, refit_thresholds
+    from monitor.defaults import ensure_policy
+    from monitor.pipeline import load_screener
+    from streams.records import Trajectory, read_jsonl
+
+    src = Path(args.benign)
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: no such file")
+    runs = list(read_jsonl(src, Trajectory))  # a bad line: one sentence, before any model
+    benign = sum(s.label != 1 for t in runs for s in t.steps)
+    if benign < MIN_BENIGN_STEPS:
+        raise ValueError(f"{src}: {benign} benign steps; re-fitting the thresholds needs at "
+                         f"least {MIN_BENIGN_STEPS} (a 1 % budget of fewer rests on one or "
+                         "two scores)")
+    policy = ensure_policy(args.policy)
+    out = Path(args.out) if args.out else vigil.paths.policy()
+    if out.resolve() == Path(policy).resolve() or not args.out and out.exists():
+        raise ValueError(f"{out} exists: name where the re-fitted policy goes with --out "
+                         "(the policy it starts from is kept)")
+    print(f"re-fitting the thresholds of {policy} on {src}", file=sys.stderr)
+    screener = load_screener(policy, reviewer=not args.no_review)
+    refit, report = refit_thresholds(screener, runs, source=str(src))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    refit.save(out)
+    for line in describe(report):
+        print(line, file=sys.stderr)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``monitor calibrate``: fit the tier policy (``--defaults``: build what is missing first)."""
     from monitor.defaults import FULL, SMALL, calibrate_default, prepare_defaults
     from monitor.tiers import load_policy_config
 
+    if args.benign:
+        return _calibrate_benign(args)
     config = load_policy_config(args.config)
     if args.defaults:
         prepare_defaults(small=args.small, config=config)
@@ -387,7 +422,9 @@ def add_parser(sub: Any) -> None:
             "benign validation steps. Held-out test splits are never read."
         ),
         epilog="examples:\n  monitor calibrate --defaults          # build all default models\n"
-        "  monitor calibrate --config policy.yaml --out policy.json",
+        "  monitor calibrate --config policy.yaml --out policy.json\n"
+        "  monitor calibrate --benign our-runs.jsonl --out ours.json   # your traffic's "
+        "thresholds",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("--config", help="policy YAML (default: the built-in defaults)")
@@ -402,4 +439,10 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="build whatever default data and models are missing, then calibrate",
     )
+    c.add_argument("--benign", metavar="FILE",
+                   help="your own known-good runs (trajectories, one a line): keep --policy's "
+                   "models and weights, move only its thresholds to hold each budget on "
+                   "these runs, write the result to --out and report what changed")
+    c.add_argument("--policy", help="with --benign: the policy to start from (default: as "
+                   "monitor screen picks it)")
     c.set_defaults(fn=cmd_calibrate)
