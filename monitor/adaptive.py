@@ -14,6 +14,11 @@ window and moves the threshold so the gate passes its share of them:
   never escalates less harm than calibration promised on canaries;
 * **warm-up**: until ``min_count`` scores have been seen, the calibrated threshold holds.
 
+The trajectory threshold (a policy's trajectory section) adapts the same way over the
+scores of finished trajectories: it flags the trajectory budget of them, runs a step pages
+counted first (they are sketched above every score), never above the score that keeps
+harmful canary trajectories' recall (:meth:`LiveGates.observe_trajectories`).
+
 The window is two sketches: the newer one fills, and when it holds ``window / 2`` scores it
 becomes the older one (the previous older one is dropped), so the estimate always covers
 between ``window / 2`` and ``window`` of the latest scores. A gate's state serialises to a
@@ -179,11 +184,20 @@ class LiveGates:
     """
 
     def __init__(self, policy: CalibratedPolicy, *, window: int = 20_000,
-                 min_count: int | None = None, proposal: bool = False) -> None:
+                 min_count: int | None = None, proposal: bool = False,
+                 trajectory_window: int = 2_000) -> None:
         """``min_count``: scores a gate waits for before it moves (default: a quarter of the
-        window, at most 500)."""
+        window, at most 500). ``trajectory_window``: the latest trajectory scores the
+        trajectory threshold follows (it waits for a quarter of them, at most 200)."""
         if min_count is None:
             min_count = min(500, window // 4)
+        agg = policy.trajectory
+        # the trajectory threshold flags its budget of the runs scored (the policy's
+        # trajectory section; none: the highest step score decides, nothing to adapt)
+        self.trajectory: LiveGate | None = None if agg is None or proposal else LiveGate(
+            calibrated=agg.threshold, share=agg.budget, scores=WindowSketch(trajectory_window),
+            canaries=WindowSketch(trajectory_window),
+            min_count=min(200, trajectory_window // 4))
         self.policy = policy
         self.proposal = proposal
         budgets = [g.budget for g in policy.gates]
@@ -220,26 +234,51 @@ class LiveGates:
             if fake:
                 gate.canaries.update(fake)
 
+    def trajectory_threshold(self) -> float | None:
+        """The live trajectory threshold (None: the policy has no trajectory section)."""
+        return None if self.trajectory is None else self.trajectory.threshold()
+
+    def observe_trajectories(self, scores: Sequence[float], kind: Sequence[str]) -> None:
+        """Sketch finished trajectories' scores; ``kind`` as in :meth:`observe` (a harmful
+        canary trajectory: ``"canary"``, the recall floor)."""
+        if self.trajectory is None:
+            return
+        real = [s for s, c in zip(scores, kind, strict=True) if c == "real"]
+        fake = [s for s, c in zip(scores, kind, strict=True) if c == "canary"]
+        if real:
+            self.trajectory.scores.update(real)
+        if fake:
+            self.trajectory.canaries.update(fake)
+
+    def _live(self) -> list[LiveGate]:
+        return self.gates + ([self.trajectory] if self.trajectory is not None else [])
+
     def to_bytes(self) -> bytes:
         return json.dumps([{"scores": g.scores.to_dict(), "canaries": g.canaries.to_dict()}
-                           for g in self.gates]).encode()
+                           for g in self._live()]).encode()
 
     def restore(self, blob: bytes) -> None:
-        """Resume the sketches a :meth:`to_bytes` saved (the window sizes come with them)."""
+        """Resume the sketches a :meth:`to_bytes` saved (the window sizes come with them); a
+        save from before trajectory thresholds adapted (the gates only) resumes the gates."""
         saved = json.loads(blob)
-        if len(saved) != len(self.gates):
-            raise ValueError(f"saved state has {len(saved)} gates, the policy {len(self.gates)}")
-        for g, s in zip(self.gates, saved, strict=True):
+        live = self._live()
+        if len(saved) not in (len(self.gates), len(live)):
+            raise ValueError(f"saved state has {len(saved)} gates, the policy {len(live)}")
+        for g, s in zip(live, saved, strict=False):
             g.scores = WindowSketch.from_dict(s["scores"])
             g.canaries = WindowSketch.from_dict(s["canaries"])
 
     def status(self) -> list[dict[str, float]]:
         """Per gate: the calibrated and the live threshold, the share passing in the window."""
-        out = []
-        for g in self.gates:
-            t = g.threshold()
-            out.append({"calibrated": g.calibrated, "threshold": t, "ceiling": g.ceiling(),
-                        "target_share": g.share,
-                        "window_share": g.scores.share_at_least(t), "seen": g.scores.n,
-                        "canaries_seen": g.canaries.n})
-        return out
+        return [_status(g) for g in self.gates]
+
+    def trajectory_status(self) -> dict[str, float] | None:
+        """:meth:`status` of the trajectory threshold (None: the policy has none)."""
+        return None if self.trajectory is None else _status(self.trajectory)
+
+
+def _status(g: LiveGate) -> dict[str, float]:
+    t = g.threshold()
+    return {"calibrated": g.calibrated, "threshold": t, "ceiling": g.ceiling(),
+            "target_share": g.share, "window_share": g.scores.share_at_least(t),
+            "seen": g.scores.n, "canaries_seen": g.canaries.n}

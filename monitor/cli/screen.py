@@ -109,14 +109,25 @@ def screen_batch(screener: Screener, batch: list[Trajectory], through: int
     steps = [s for t in batch for s in screen_steps_of(t)]
     verdicts = screener.screen(steps, through=through) if steps else []
     judged = _judge_trajectories(screener, batch, verdicts, steps) if through >= 2 else None
+    agg = screener.policy.trajectory
+    live = screener.live
+    thr = None if live is None else live.trajectory_threshold()
+    if agg is not None and thr is not None:  # --adapt: the live trajectory threshold
+        from dataclasses import replace
+
+        agg = replace(agg, threshold=thr)
     lines, i = [], 0
     for k, t in enumerate(batch):
-        line = trajectory_line(t, verdicts[i : i + len(t.steps)], screener.policy.trajectory)
+        line = trajectory_line(t, verdicts[i : i + len(t.steps)], agg)
         p = judged[k] if judged is not None else None
         if p is not None:
             line["judge_unsafe"] = round(p, 6)  # as the steps' signals are
         lines.append(line)
         i += len(t.steps)
+    if live is not None:  # a run a step pages is flagged already: it spends the budget too
+        live.observe_trajectories([PAGED if any(s["flagged"] for s in line["steps"])
+                                   else line["score"] for line in lines],
+                                  ["real"] * len(lines))
     return lines
 
 
@@ -219,6 +230,9 @@ def screen_file(
                 bar.advance(sum(len(line["steps"]) for line in lines))
 
 
+# what the live trajectory threshold sketches for a run a step pages: above every score, so
+# such runs spend the budget before any is flagged by its score
+PAGED = 2.0
 # the exit status of a `monitor screen` run that set some unreadable lines aside, and how
 # much of each such line its rejects file keeps
 REJECTED_EXIT, REJECT_HEAD = 3, 1024
@@ -269,7 +283,8 @@ def cmd_screen(args: argparse.Namespace) -> int:
     if args.adapt and screener is not None:
         from monitor.adaptive import LiveGates
 
-        screener.live = LiveGates(screener.policy, window=args.adapt_window)
+        screener.live = LiveGates(screener.policy, window=args.adapt_window,
+                                  trajectory_window=args.adapt_trajectory_window)
     through = 1 if args.no_review else 2
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
     t0 = time.perf_counter()
@@ -300,6 +315,12 @@ def cmd_screen(args: argparse.Namespace) -> int:
             print(f"adapted gate {name}: threshold {g['calibrated']:.4f} -> {g['threshold']:.4f} "
                   f"(passes {g['window_share']:.1%} of the last {g['seen']} scores reaching it; "
                   f"target {g['target_share']:.1%})", file=sys.stderr)
+        tg = screener.live.trajectory_status()
+        if tg is not None:
+            print(f"adapted trajectory threshold: {tg['calibrated']:.4f} -> "
+                  f"{tg['threshold']:.4f} (flags {tg['window_share']:.1%} of the last "
+                  f"{tg['seen']} trajectories; target {tg['target_share']:.1%})",
+                  file=sys.stderr)
     return REJECTED_EXIT if bad else 0
 
 
@@ -406,11 +427,16 @@ def add_parser(sub: Any) -> None:
                    "threads (default 1; more where there are more cores; memory grows "
                    "with N)")
     p.add_argument("--adapt", action="store_true",
-                   help="move each gate's threshold to hold its budget on this file's own "
-                   "score distribution (sliding-window quantile sketch; never below the "
-                   "recall the calibrated threshold gives canary steps)")
+                   help="move each gate's threshold, and the trajectory threshold, to hold "
+                   "its budget on this file's own score distribution (sliding-window "
+                   "quantile sketch; never below the recall the calibrated threshold gives "
+                   "canary steps)")
     p.add_argument("--adapt-window", type=int, default=20_000, metavar="STEPS",
                    help="the window of latest scores each gate keeps (default 20000)")
+    p.add_argument("--adapt-trajectory-window", type=int, default=2_000, metavar="RUNS",
+                   help="with --adapt, the trajectory threshold flags its budget of the "
+                   "latest RUNS trajectory scores (default 2000; it moves after a quarter "
+                   "of them, at most 200)")
     p.set_defaults(fn=cmd_screen)
 
     c = sub.add_parser(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -73,12 +74,22 @@ def test_saved_sketches_resume_to_the_same_thresholds(tiny_policy: Path) -> None
     for g in live.gates:
         g.scores.update(rng.beta(2, 5, 3_000))
         g.canaries.update(rng.beta(5, 2, 300))
+    assert policy.trajectory is not None and live.trajectory is not None
+    live.trajectory.scores.update(rng.beta(2, 5, 1_000))
     blob = live.to_bytes()
     assert len(blob) < 64_000
     again = LiveGates(policy, window=4_000, min_count=100)
     assert again.thresholds() == tuple(g.threshold for g in policy.gates)  # fresh: calibrated
+    assert again.trajectory_threshold() == policy.trajectory.threshold
     again.restore(blob)
     assert again.thresholds() == live.thresholds()
+    assert again.trajectory_threshold() == live.trajectory_threshold() != (
+        policy.trajectory.threshold)
+    # a save from before the trajectory threshold adapted resumes the gates
+    older = LiveGates(policy, window=4_000, min_count=100)
+    older.restore(json.dumps(json.loads(blob)[:3]).encode())
+    assert older.thresholds() == live.thresholds()
+    assert older.trajectory_threshold() == policy.trajectory.threshold
     with pytest.raises(ValueError, match="gates"):
         again.restore(json.dumps([]).encode())
 
@@ -108,8 +119,15 @@ def test_screen_adapt_holds_the_l0_budget_on_an_unseen_suite(
 
     fixed = benign_past_l0()
     capsys.readouterr()
-    adapted = benign_past_l0("--adapt", "--adapt-window", "200")
-    assert "adapted gate L0->L1" in capsys.readouterr().err
+    adapted = benign_past_l0("--adapt", "--adapt-window", "200", "--adapt-trajectory-window",
+                             "40")
+    err = capsys.readouterr().err
+    assert "adapted gate L0->L1" in err
+    # the trajectory threshold followed the file's runs too (the latest 20 to 40 of them)
+    got = re.search(r"adapted trajectory threshold: \S+ -> \S+ \(flags ([\d.]+)% of the "
+                    r"last (\d+) trajectories; target ([\d.]+)%\)", err)
+    assert got is not None, err
+    assert 20 <= int(got[2]) <= 40 and float(got[1]) <= float(got[3]) + 100 * KLL_RANK_ERROR
     later = len(fixed) // 2  # the second half: the window (200 scores) has filled by then
     fixed_share, adapted_share = np.mean(fixed[later:]), np.mean(adapted[later:])
     tol = 3 * math.sqrt(budget * (1 - budget) / (len(fixed) - later)) + KLL_RANK_ERROR
