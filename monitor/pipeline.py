@@ -74,6 +74,7 @@ class ActionCheck:
     score: float
     signals: Mapping[str, float]
     latency_s: float = 0.0
+    rule: str | None = None  # the policy's tool rule that decided, if one did
 
 
 @dataclass
@@ -254,7 +255,9 @@ class Screener:
         The proposed step has no result yet, so the world model judges the
         *predicted* next state (``wm_harm_pre``). Block: the L0+L1 probability
         reaches the policy's block threshold; escalate: the step would reach
-        L2 (a reviewer); allow: otherwise.
+        L2 (a reviewer); allow: otherwise. A tool rule of the policy
+        (:mod:`monitor.tool_rules`) matching the call decides instead: deny blocks, allow
+        and monitor allow (the step is scored either way).
         """
         return self.check_actions([(trajectory, action)])[0]
 
@@ -284,14 +287,21 @@ class Screener:
             )
         verdicts = self.screen(steps, through=1, proposal=True)
         latency = time.perf_counter() - t0
+        rules = self.policy.config.tools
         out = []
-        for v in verdicts:
+        for (_, action), v in zip(proposals, verdicts, strict=True):
             decision: Decision = "allow"
             if self.policy.block(v.signals) and v.tier >= 1:
                 decision = "block"
             elif v.tier >= 2:
                 decision = "escalate"
-            out.append(ActionCheck(decision, v.tier, v.score, v.signals, latency))
+            tool = action.tool
+            rule = rules.rule_for(tool.name if tool else None,
+                                  getattr(tool, "server", None) if tool else None)
+            if rule is not None:  # scored all the same: the step is recorded as it is
+                decision = "block" if rule.action == "deny" else "allow"
+            out.append(ActionCheck(decision, v.tier, v.score, v.signals, latency,
+                                   rule.describe() if rule is not None else None))
         return out
 
     def _verdict(

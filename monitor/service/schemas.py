@@ -562,3 +562,5 @@ class ScreenResponse(Schema):
     policy: str = Field(description="content hash of the calibrated policy that answered")
     trajectory_id: str
     step_id: str | None = Field(default=None, description="the request's step_id, if any")
+    rule: str | None = Field(default=None, description="the policy's tool rule that decided "
+                             "(deny: block; allow, monitor: allow), if one matched the tool")

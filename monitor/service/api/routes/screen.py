@@ -47,6 +47,13 @@ async def screen_action(
     try:
         check = await queue.check(proposal.trajectory, proposal.action)
     except Exception as e:  # noqa: BLE001 - logged by the queue; one sentence to the caller
+        if queue.screener.policy.config.tools.on_screener_error == "open":
+            return ScreenResponse(  # the team chose availability: run it, say why
+                decision="allow", tier=0, score=0.0, signals={},
+                latency_ms=round((time.perf_counter() - t0) * 1000, 3), policy=queue.policy,
+                trajectory_id=proposal.trajectory.trajectory_id, step_id=proposal.step_id,
+                rule=f"the screener failed ({type(e).__name__}) and the policy's tools."
+                     "on_screener_error is open")
         raise HTTPException(
             status.HTTP_500_INTERNAL_SERVER_ERROR,
             f"the screener failed on this action ({type(e).__name__}); treat it as not allowed",
@@ -68,4 +75,5 @@ async def screen_action(
         policy=queue.policy,
         trajectory_id=proposal.trajectory.trajectory_id,
         step_id=proposal.step_id,
+        rule=check.rule,
     )
