@@ -107,7 +107,7 @@ def test_the_graph_sees_the_imports() -> None:
     # the checks below mean something only if the parser finds real edges
     assert "streams.records" in GRAPH["monitor.stream.screen"]
     assert "monitor.stream.paging" in GRAPH["monitor.stream.review"]
-    assert "monitor.scorers" in GRAPH["monitor.tiers"]
+    assert "monitor.scorers" in GRAPH["monitor.policy_config"]
 
 
 def test_no_import_cycle() -> None:
