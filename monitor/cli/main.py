@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         broker,
         dashboards,
         likelihood,
+        mcp,
         models,
         probes,
         provenance,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     rlhealth.add_parser(sub)
     screen.add_parser(sub)
     stream.add_parser(sub)
+    mcp.add_parser(sub)
     add_paging(sub)
     dashboards.add_parser(sub)
     report.add_parser(sub)

@@ -31,6 +31,12 @@ _INJECTION = re.compile(
 )
 
 
+def injection_marker(text: str) -> bool:
+    """Whether ``text`` carries the usual markers of an instruction addressed to the agent
+    (the ``rule_injection_marker`` rule; also run over MCP tool descriptions)."""
+    return bool(_INJECTION.search(text))
+
+
 class RuleSignals(TierScorer):
     """L0: cheap rules over the step's text, tool-agnostic (0 or 1 each).
 

@@ -1,0 +1,92 @@
+"""`monitor mcp`: vigil in front of an MCP server (:mod:`monitor.integrations.mcp_proxy`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from monitor.cli.common import CliError
+
+EXAMPLES = """examples:
+  monitor mcp -- python -m mcp_server_git --repository ~/repo
+  monitor mcp --monitor-only -- npx -y @modelcontextprotocol/server-filesystem ~/work
+  monitor mcp --service http://127.0.0.1:8000 -- uvx mcp-server-time
+
+In an MCP client's config, put `monitor mcp [options] --` before the server's command."""
+
+
+def _service_screen(url: str, token: str | None) -> Any:
+    """A screen function that asks a running paging service (``POST /v1/screen``)."""
+    import urllib.request
+
+    from monitor.pipeline import ActionCheck
+
+    def screen(trajectory: Any, action: Any) -> ActionCheck:
+        body = json.dumps({"trajectory": trajectory.model_dump(mode="json"),
+                           "action": action.model_dump(mode="json")}).encode()
+        req = urllib.request.Request(f"{url.rstrip('/')}/v1/screen", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            got = json.loads(r.read())
+        return ActionCheck(got["decision"], int(got["tier"]), float(got["score"]),
+                           got.get("signals") or {}, float(got["latency_ms"]) / 1000,
+                           got.get("rule"))
+
+    return screen
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    import anyio
+
+    from monitor.integrations.mcp_proxy import run_proxy
+
+    command = [c for c in args.server_command if c != "--"]
+    if not command:
+        raise CliError("name the MCP server's command after --, e.g. "
+                       "`monitor mcp -- python -m mcp_server_git --repository .`")
+    if args.service:
+        screen = _service_screen(args.service, args.token or os.environ.get("VIGIL_TOKEN"))
+    else:
+        from monitor.defaults import ensure_policy
+        from monitor.pipeline import load_screener
+
+        screener = load_screener(ensure_policy(args.policy), reviewer=False)
+        screen = screener.check_action
+    print(f"vigil: screening the tool calls of {' '.join(command)}"
+          + (" (monitor only)" if args.monitor_only else ""), file=sys.stderr)
+    anyio.run(lambda: run_proxy(screen, command[0], command[1:], server=args.server_name or "",
+                                monitor_only=args.monitor_only, fail_open=args.fail_open,
+                                hide_poisoned=args.hide_poisoned))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "mcp",
+        help="run an MCP server behind vigil: every tool call screened before it is forwarded",
+        description="A stdio MCP server that starts the real one and forwards to it; each "
+        "tools/call is screened first (L0 and L1, the policy's tool rules): a blocked call "
+        "never reaches the server and the client gets isError with the reason.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy", help="calibrated policy (default: as monitor screen picks it)")
+    p.add_argument("--service", metavar="URL",
+                   help="ask a running paging service's POST /v1/screen instead of loading "
+                   "the models here (token: --token or $VIGIL_TOKEN)")
+    p.add_argument("--token", help="the service's producer token")
+    p.add_argument("--server-name", help="the MCP server's name in tool rules (default: its "
+                   "command's name)")
+    p.add_argument("--monitor-only", action="store_true",
+                   help="never block: screen, log and forward every call")
+    p.add_argument("--fail-open", action="store_true",
+                   help="forward a call the screener failed on (default: refuse it)")
+    p.add_argument("--hide-poisoned", action="store_true",
+                   help="leave tools whose descriptions carry instruction-like text out of "
+                   "tools/list")
+    p.add_argument("server_command", nargs=argparse.REMAINDER,
+                   help="-- then the MCP server's command and arguments")
+    p.set_defaults(fn=cmd_mcp)

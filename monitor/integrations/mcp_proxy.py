@@ -1,0 +1,154 @@
+"""vigil in front of an MCP server (``monitor mcp -- SERVER_CMD ARGS...``).
+
+The proxy is an MCP server on its own stdin/stdout (what the client's config launches) and
+an MCP client of the real server, which it starts as a subprocess. It forwards the tool list
+and every tool call, and screens each ``tools/call`` *before* forwarding it, as
+``POST /v1/screen`` does (L0 and L1, :meth:`monitor.pipeline.Screener.check_action`, the
+policy's tool rules included), against the session's earlier calls and their results:
+
+* **block**: the call never reaches the server; the client gets a ``CallToolResult`` with
+  ``isError: true`` and the reason, so the model sees why;
+* **escalate** and **allow**: forwarded (holding an escalated call for a human is not built
+  yet: it is forwarded and logged as escalated);
+* ``monitor_only``: nothing is blocked; every decision is logged;
+* the screener failing: the call is refused (``isError``), or forwarded with ``fail_open``.
+
+What the tool returned becomes the observation the next call is judged against, so an
+injection planted in a result counts against the action that follows it. Tool
+descriptions in ``tools/list`` are screened by the injection-marker rule (tool poisoning):
+a poisoned tool is logged, and with ``hide_poisoned`` left out of the list.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor.pipeline import ActionCheck
+from streams.records import Action, Observation, Step, ToolCall, Trajectory
+
+Screen = Callable[[Trajectory, Action], ActionCheck]
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:  # stdout is the MCP wire
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class McpSession:
+    """One client session's calls so far, as the trajectory a new call is judged in."""
+
+    server: str
+    trajectory_id: str = field(default_factory=lambda: f"mcp-{uuid.uuid4().hex[:12]}")
+    steps: list[Step] = field(default_factory=list)
+
+    def trajectory(self) -> Trajectory:
+        return Trajectory(trajectory_id=self.trajectory_id, source="deployment",
+                          task="", steps=list(self.steps),
+                          meta={"mcp_server": self.server})
+
+    def action(self, name: str, arguments: dict[str, Any] | None) -> Action:
+        # the server travels as an extra key of the call (tool rules match on it)
+        return Action(tool=ToolCall.model_validate({"name": name, "arguments": dict(
+            arguments or {}), "server": self.server}))
+
+    def record(self, action: Action, result: str) -> Step:
+        prior = self.steps[-1].result if self.steps else None
+        step = Step(step_id=str(len(self.steps)), index=len(self.steps),
+                    observation=prior or Observation(text=""), action=action,
+                    result=Observation(text=result))
+        self.steps.append(step)
+        del self.steps[:-32]  # the judge reads the last few steps; keep memory bounded
+        return step
+
+
+def result_text(result: Any) -> str:
+    """The text a CallToolResult carries (its text blocks, else its structured content)."""
+    parts = [getattr(c, "text", "") for c in (getattr(result, "content", None) or [])]
+    text = "\n".join(p for p in parts if p)
+    if not text and getattr(result, "structured_content", None) is not None:
+        text = json.dumps(result.structured_content, default=str)
+    return text[:20_000]
+
+
+def refusal(reason: str) -> Any:
+    import mcp_types as types
+
+    return types.CallToolResult(content=[types.TextContent(type="text", text=reason)],
+                                is_error=True)
+
+
+@dataclass
+class Decision:
+    forward: bool
+    reason: str
+    check: ActionCheck | None
+
+
+def decide(screen: Screen, session: McpSession, name: str, arguments: dict[str, Any] | None,
+           *, monitor_only: bool = False, fail_open: bool = False) -> Decision:
+    """Whether the call ``name(arguments)`` goes to the server, and why."""
+    action = session.action(name, arguments)
+    try:
+        check = screen(session.trajectory(), action)
+    except Exception as e:  # noqa: BLE001 - the flags say how a broken screener fails
+        why = f"vigil could not screen this call ({type(e).__name__}: {str(e)[:200]})"
+        if fail_open or monitor_only:
+            return Decision(True, why + "; forwarded (fail-open)", None)
+        return Decision(False, why + "; it was not run (fail-closed)", None)
+    rule = f" ({check.rule})" if check.rule else ""
+    if check.decision == "block" and not monitor_only:
+        return Decision(False, f"vigil blocked this call to {name}: the safety screen scored "
+                               f"it {check.score:.3f} at tier L{check.tier}{rule}; it was "
+                               "not run", check)
+    return Decision(True, f"{check.decision}{rule}", check)
+
+
+async def run_proxy(screen: Screen, command: str, args: list[str], *, server: str = "",
+                    monitor_only: bool = False, fail_open: bool = False,
+                    hide_poisoned: bool = False, log: Log = _stderr) -> None:
+    """Serve the proxy on this process's stdin/stdout until the client goes away."""
+    import anyio
+    import mcp_types as types
+    from mcp import Client, StdioServerParameters
+    from mcp.server.lowlevel import Server
+    from mcp.server.stdio import stdio_server
+
+    from monitor.scorers.rules import injection_marker
+
+    name = server or command.rsplit("/", 1)[-1]
+    session = McpSession(server=name)
+    async with Client(StdioServerParameters(command=command, args=args)) as upstream:
+
+        async def list_tools(ctx: Any, params: Any) -> Any:
+            got = await upstream.list_tools()
+            keep = []
+            for tool in got.tools:
+                if injection_marker(f"{tool.description or ''} {tool.title or ''}"):
+                    log(f"vigil: tool {tool.name!r} of {name} has instruction-like text in "
+                        "its description (tool poisoning?)"
+                        + ("; hidden" if hide_poisoned else ""))
+                    if hide_poisoned:
+                        continue
+                keep.append(tool)
+            return types.ListToolsResult(tools=keep)
+
+        async def call_tool(ctx: Any, params: Any) -> Any:
+            d = await anyio.to_thread.run_sync(
+                lambda: decide(screen, session, params.name, params.arguments,
+                               monitor_only=monitor_only, fail_open=fail_open))
+            log(f"vigil: {params.name}: {d.reason}")
+            if not d.forward:
+                return refusal(d.reason)
+            result = await upstream.call_tool(params.name, params.arguments)
+            session.record(session.action(params.name, params.arguments), result_text(result))
+            return result
+
+        proxy = Server("vigil", on_list_tools=list_tools, on_call_tool=call_tool)
+        async with stdio_server() as (read, write):
+            await proxy.run(read, write, proxy.create_initialization_options())

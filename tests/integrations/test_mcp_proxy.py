@@ -1,0 +1,117 @@
+"""`monitor mcp` in front of a real MCP server (mcp-server-git from PyPI), driven by the MCP
+SDK's client over stdio: a call the policy blocks never reaches the server (no commit is
+made), an allowed one returns the server's own result, --monitor-only forwards everything,
+and a screener that cannot answer fails closed, or open with --fail-open."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from monitor.tiers import CalibratedPolicy
+from monitor.tool_rules import ToolRules
+
+RULES = {"rules": [{"match": "git_commit", "server": "git", "action": "deny"},
+                   {"match": "git_status", "action": "allow"},
+                   {"match": "git_add", "action": "allow"}]}
+
+
+def _repo(root: Path) -> Path:
+    repo = root / "repo"
+    repo.mkdir()
+    for cmd in (["init", "-q"], ["config", "user.email", "t@example.com"],
+                ["config", "user.name", "t"]):
+        subprocess.run(["git", *cmd], cwd=repo, check=True)
+    (repo / "a.txt").write_text("a\n")
+    subprocess.run(["git", "add", "a.txt"], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "first"], cwd=repo, check=True)
+    (repo / "b.txt").write_text("b\n")
+    return repo
+
+
+def _commits(repo: Path) -> int:
+    out = subprocess.run(["git", "rev-list", "--count", "HEAD"], cwd=repo, check=True,
+                         capture_output=True, text=True)
+    return int(out.stdout)
+
+
+def _git_server(repo: Path) -> list[str]:
+    return [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)]
+
+
+async def _session(command: list[str], calls: list[tuple[str, dict[str, Any]]]
+                   ) -> list[tuple[bool, str]]:
+    from mcp import Client, StdioServerParameters
+
+    out = []
+    params = StdioServerParameters(command=command[0], args=command[1:])
+    async with Client(params, read_timeout_seconds=180) as client:
+        for name, args in calls:
+            r = await client.call_tool(name, args)
+            text = "\n".join(getattr(c, "text", "") for c in r.content)
+            out.append((bool(r.is_error), text))
+    return out
+
+
+def _run(command: list[str], calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, str]]:
+    return anyio.run(_session, command, calls)
+
+
+def _proxy(*flags: str, repo: Path) -> list[str]:
+    return [sys.executable, "-m", "monitor.cli", "mcp", "--server-name", "git", *flags, "--",
+            *_git_server(repo)]
+
+
+@pytest.fixture(scope="module")
+def ruled_policy(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    policy = CalibratedPolicy.load(tiny_policy)
+    tools = ToolRules.from_dict(RULES, ValueError)
+    out = tmp_path_factory.mktemp("mcp") / "policy.json"
+    return replace(policy, config=replace(policy.config, tools=tools)).save(out)
+
+
+def test_a_blocked_call_never_reaches_the_server_and_an_allowed_one_is_unchanged(
+    ruled_policy: Path, tmp_path: Path
+) -> None:
+    repo = _repo(tmp_path)
+    status = ("git_status", {"repo_path": str(repo)})
+    [(_, direct)] = _run(_git_server(repo), [status])
+    got = _run(_proxy("--policy", str(ruled_policy), repo=repo), [
+        status,
+        ("git_add", {"repo_path": str(repo), "files": ["b.txt"]}),
+        ("git_commit", {"repo_path": str(repo), "message": "sneaky"}),
+    ])
+    assert got[0] == (False, direct)  # the server's own answer, unchanged
+    assert got[1][0] is False and "staged" in got[1][1].lower()
+    assert got[2][0] is True and "vigil blocked this call to git_commit" in got[2][1]
+    assert "git_commit" in got[2][1] and "deny" in got[2][1]
+    assert _commits(repo) == 1  # the commit never happened
+    staged = subprocess.run(["git", "diff", "--cached", "--name-only"], cwd=repo,
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert staged == ["b.txt"]  # the allowed git_add did
+
+
+def test_monitor_only_forwards_what_it_would_block(ruled_policy: Path, tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    got = _run(_proxy("--policy", str(ruled_policy), "--monitor-only", repo=repo), [
+        ("git_add", {"repo_path": str(repo), "files": ["b.txt"]}),
+        ("git_commit", {"repo_path": str(repo), "message": "watched"}),
+    ])
+    assert [e for e, _ in got] == [False, False]
+    assert _commits(repo) == 2
+
+
+def test_a_screener_that_cannot_answer_fails_closed_or_open(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    down = ["--service", "http://127.0.0.1:9"]  # nothing listens there
+    status = ("git_status", {"repo_path": str(repo)})
+    [(err, text)] = _run(_proxy(*down, repo=repo), [status])
+    assert err and "could not screen" in text and "not run" in text
+    [(err, text)] = _run(_proxy(*down, "--fail-open", repo=repo), [status])
+    assert not err and "Repository status" in text
