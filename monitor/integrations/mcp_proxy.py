@@ -14,7 +14,10 @@ policy's tool rules included), against the session's earlier calls and their res
 * the screener failing: the call is refused (``isError``), or forwarded with ``fail_open``.
 
 What the tool returned becomes the observation the next call is judged against, so an
-injection planted in a result counts against the action that follows it. Tool
+injection planted in a result counts against the action that follows it. With a broker
+configured, every screened call (a blocked one with the refusal as its result) goes to the
+deployment steps topic as a :class:`~streams.records.StepEvent`, so the async tiers, pages
+and recall dashboards see MCP traffic. Tool
 descriptions in ``tools/list`` are screened by the injection-marker rule (tool poisoning):
 a poisoned tool is logged, and with ``hide_poisoned`` left out of the list.
 """
@@ -29,9 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.pipeline import ActionCheck
-from streams.records import Action, Observation, Step, ToolCall, Trajectory
+from streams.records import Action, Observation, Step, StepEvent, ToolCall, Trajectory
 
 Screen = Callable[[Trajectory, Action], ActionCheck]
+Publish = Callable[[StepEvent], None]
 Log = Callable[[str], None]
 
 
@@ -109,10 +113,22 @@ def decide(screen: Screen, session: McpSession, name: str, arguments: dict[str, 
     return Decision(True, f"{check.decision}{rule}", check)
 
 
+def step_event(session: McpSession, step: Step, decision: Decision) -> StepEvent:
+    """The step as the stream's deployment topic carries it (the async tiers, pages and
+    recall dashboards see MCP traffic); the proxy's decision rides in ``meta``."""
+    check = decision.check
+    return StepEvent(trajectory_id=session.trajectory_id, source="deployment", step=step,
+                     meta={"mcp_server": session.server, "vigil_forwarded": decision.forward,
+                           "vigil_decision": check.decision if check else "unscreened",
+                           **({"vigil_rule": check.rule} if check and check.rule else {})})
+
+
 async def run_proxy(screen: Screen, command: str, args: list[str], *, server: str = "",
                     monitor_only: bool = False, fail_open: bool = False,
-                    hide_poisoned: bool = False, log: Log = _stderr) -> None:
-    """Serve the proxy on this process's stdin/stdout until the client goes away."""
+                    hide_poisoned: bool = False, publish: Publish | None = None,
+                    log: Log = _stderr) -> None:
+    """Serve the proxy on this process's stdin/stdout until the client goes away;
+    ``publish``: each screened call's step goes to it (the stream), blocked ones too."""
     import anyio
     import mcp_types as types
     from mcp import Client, StdioServerParameters
@@ -143,11 +159,18 @@ async def run_proxy(screen: Screen, command: str, args: list[str], *, server: st
                 lambda: decide(screen, session, params.name, params.arguments,
                                monitor_only=monitor_only, fail_open=fail_open))
             log(f"vigil: {params.name}: {d.reason}")
+            action = session.action(params.name, params.arguments)
             if not d.forward:
-                return refusal(d.reason)
-            result = await upstream.call_tool(params.name, params.arguments)
-            session.record(session.action(params.name, params.arguments), result_text(result))
-            return result
+                out = refusal(d.reason)
+            else:
+                out = await upstream.call_tool(params.name, params.arguments)
+            step = session.record(action, result_text(out))
+            if publish is not None:
+                try:
+                    await anyio.to_thread.run_sync(publish, step_event(session, step, d))
+                except Exception as e:  # noqa: BLE001 - the stream is for later tiers only
+                    log(f"vigil: could not publish the step to the stream ({e})")
+            return out
 
         proxy = Server("vigil", on_list_tools=list_tools, on_call_tool=call_tool)
         async with stdio_server() as (read, write):

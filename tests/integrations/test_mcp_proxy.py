@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,12 @@ def _git_server(repo: Path) -> list[str]:
     return [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)]
 
 
-async def _session(command: list[str], calls: list[tuple[str, dict[str, Any]]]
-                   ) -> list[tuple[bool, str]]:
+async def _session(command: list[str], calls: list[tuple[str, dict[str, Any]]],
+                   env: dict[str, str] | None = None) -> list[tuple[bool, str]]:
     from mcp import Client, StdioServerParameters
 
     out = []
-    params = StdioServerParameters(command=command[0], args=command[1:])
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env)
     async with Client(params, read_timeout_seconds=180) as client:
         for name, args in calls:
             r = await client.call_tool(name, args)
@@ -59,8 +60,9 @@ async def _session(command: list[str], calls: list[tuple[str, dict[str, Any]]]
     return out
 
 
-def _run(command: list[str], calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, str]]:
-    return anyio.run(_session, command, calls)
+def _run(command: list[str], calls: list[tuple[str, dict[str, Any]]],
+         env: dict[str, str] | None = None) -> list[tuple[bool, str]]:
+    return anyio.run(_session, command, calls, env)
 
 
 def _proxy(*flags: str, repo: Path) -> list[str]:
@@ -115,3 +117,35 @@ def test_a_screener_that_cannot_answer_fails_closed_or_open(tmp_path: Path) -> N
     assert err and "could not screen" in text and "not run" in text
     [(err, text)] = _run(_proxy(*down, "--fail-open", repo=repo), [status])
     assert not err and "Repository status" in text
+
+
+@pytest.mark.broker
+def test_every_screened_call_reaches_the_stream(
+    ruled_policy: Path, tmp_path: Path, kafka_settings: Any, topics: Any, unique: str
+) -> None:
+    from streams.kafka import KafkaBus
+    from streams.records import StepEvent, decode
+
+    repo = _repo(tmp_path)
+    env = {"VIGIL_KAFKA_BOOTSTRAP_SERVERS": str(kafka_settings.bootstrap_servers),
+           "VIGIL_TOPIC_STEPS_DEPLOYMENT": topics.steps_deployment}
+    got = _run(_proxy("--policy", str(ruled_policy), repo=repo), [
+        ("git_status", {"repo_path": str(repo)}),
+        ("git_commit", {"repo_path": str(repo), "message": "sneaky"}),
+    ], env)
+    assert [e for e, _ in got] == [False, True]
+    bus = KafkaBus(kafka_settings)
+    consumer = bus.consumer([topics.steps_deployment], f"{unique}.reader")
+    events: list[StepEvent] = []
+    end = time.monotonic() + 30
+    while len(events) < 2 and time.monotonic() < end:
+        events += [decode(m.value, StepEvent) for m in consumer.poll(0.3)]
+    bus.close()
+    assert [e.step.action.tool.name for e in events if e.step.action.tool] == [
+        "git_status", "git_commit"]
+    assert len({e.trajectory_id for e in events}) == 1  # one MCP session, one trajectory
+    status, commit = events
+    assert status.meta["vigil_forwarded"] is True and "Repository status" in (
+        status.step.result.text if status.step.result else "")
+    assert commit.meta["vigil_forwarded"] is False and commit.meta["vigil_decision"] == "block"
+    assert "git_commit" in commit.meta["vigil_rule"]
