@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     screen.add_parser(sub)
     stream.add_parser(sub)
     mcp.add_parser(sub)
+    mcp.add_hook_parser(sub)
     add_paging(sub)
     dashboards.add_parser(sub)
     report.add_parser(sub)

