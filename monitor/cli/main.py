@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_parser(sub)
     mcp.add_parser(sub)
     mcp.add_hook_parser(sub)
+    mcp.add_ingest_parser(sub)
     add_paging(sub)
     dashboards.add_parser(sub)
     report.add_parser(sub)

@@ -230,6 +230,25 @@ def screen_file(
                 bar.advance(sum(len(line["steps"]) for line in lines))
 
 
+def _otlp_as_trajectories(src: Path, args: argparse.Namespace) -> Path:
+    """``src`` itself, or, when it holds OpenTelemetry traces (OTLP JSON), their
+    trajectories written beside the output (:mod:`monitor.integrations.otlp`)."""
+    from monitor.integrations.otlp import read_otlp_file, sniff_otlp, trajectories_from_otlp
+
+    if not sniff_otlp(src):
+        return src
+    runs = trajectories_from_otlp(read_otlp_file(src),
+                                  warn=lambda m: print(f"{src}: {m}", file=sys.stderr))
+    if not runs:
+        raise ValueError(f"{src}: OTLP traces without a tool span (execute_tool, or an "
+                         "OpenInference TOOL span): nothing to screen")
+    out = Path(f"{args.out or src.name}.trajectories.jsonl")
+    out.write_text("".join(t.model_dump_json() + "\n" for t in runs))
+    print(f"{src}: {len(runs)} traces with tool calls, as trajectories in {out}",
+          file=sys.stderr)
+    return out
+
+
 # what the live trajectory threshold sketches for a run a step pages: above every score, so
 # such runs spend the budget before any is flagged by its score
 PAGED = 2.0
@@ -246,6 +265,7 @@ def cmd_screen(args: argparse.Namespace) -> int:
     src = Path(args.file)
     if not src.exists():
         raise FileNotFoundError(f"{src}: no such file")
+    src = _otlp_as_trajectories(src, args)
     count = total = 0  # a file with nothing to screen fails before any model is loaded
     bad: list[dict[str, Any]] = []  # lines that cannot be read: set aside, the rest screened
 

@@ -1,0 +1,174 @@
+"""OpenTelemetry GenAI traces as vigil trajectories (``monitor ingest otlp``, and
+``monitor screen`` on an OTLP JSON file).
+
+An agent instrumented with OpenTelemetry exports spans; OTLP JSON (the
+``ExportTraceServiceRequest`` of the OTLP/HTTP JSON encoding, or the Collector's file
+exporter: one request per line) carries them as ``resourceSpans[].scopeSpans[].spans[]``.
+A trace is one trajectory; its steps are its tool spans, in start order:
+
+* GenAI semantic conventions: a span whose ``gen_ai.operation.name`` is ``execute_tool`` (or
+  named ``execute_tool ...``): ``gen_ai.tool.name``, ``gen_ai.tool.call.arguments``,
+  ``gen_ai.tool.call.result``; the task is the first user message of the trace's first
+  ``chat`` / ``invoke_agent`` span (``gen_ai.input.messages``);
+* OpenInference: ``openinference.span.kind`` ``TOOL`` with ``tool.name``, ``input.value``,
+  ``output.value``; the task from the first ``LLM`` / ``AGENT`` span's ``input.value``.
+
+Instrumentations leave message and argument content out unless told to record it: a trace
+whose tool spans carry no arguments or results gets one warning naming the setting
+(:data:`CAPTURE_SETTING`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from streams.records import Action, Observation, Step, ToolCall, Trajectory
+
+CAPTURE_SETTING = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true"
+MAX_TEXT = 20_000
+
+
+def _value(v: Mapping[str, Any]) -> Any:
+    """An OTLP ``AnyValue`` (JSON encoding) as a Python value."""
+    for key in ("stringValue", "boolValue", "doubleValue"):
+        if key in v:
+            return v[key]
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "arrayValue" in v:
+        return [_value(x) for x in v["arrayValue"].get("values", [])]
+    if "kvlistValue" in v:
+        return {kv["key"]: _value(kv.get("value", {})) for kv in v["kvlistValue"].get("values", [])}
+    return None
+
+
+def _attrs(span: Mapping[str, Any]) -> dict[str, Any]:
+    return {a["key"]: _value(a.get("value", {})) for a in span.get("attributes", [])
+            if isinstance(a, Mapping) and "key" in a}
+
+
+def spans_of(request: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
+    """Every span of one ``ExportTraceServiceRequest`` (JSON), attributes decoded."""
+    for rs in request.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for s in ss.get("spans", []):
+                yield {"trace": str(s.get("traceId", "")), "name": str(s.get("name", "")),
+                       "start": int(s.get("startTimeUnixNano", 0) or 0), "attrs": _attrs(s)}
+
+
+def _first_user_text(messages: Any) -> str:
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except ValueError:
+            return messages
+    for m in messages if isinstance(messages, list) else []:
+        if isinstance(m, Mapping) and m.get("role") == "user":
+            parts = m.get("parts") or m.get("content") or []
+            if isinstance(parts, str):
+                return parts
+            return " ".join(str(p.get("content", p.get("text", ""))) for p in parts
+                            if isinstance(p, Mapping))
+    return ""
+
+
+def _tool(span: Mapping[str, Any]) -> tuple[str, Any, str] | None:
+    """(name, arguments, result) of a tool span, None for another span."""
+    a = span["attrs"]
+    if a.get("gen_ai.operation.name") == "execute_tool" or span["name"].startswith(
+            "execute_tool"):
+        name = a.get("gen_ai.tool.name") or span["name"].removeprefix("execute_tool").strip()
+        return str(name), a.get("gen_ai.tool.call.arguments"), str(
+            a.get("gen_ai.tool.call.result") or "")
+    if a.get("openinference.span.kind") == "TOOL":
+        return str(a.get("tool.name") or span["name"]), a.get("input.value"), str(
+            a.get("output.value") or "")
+    return None
+
+
+def _task(span: Mapping[str, Any]) -> str:
+    a = span["attrs"]
+    if a.get("gen_ai.operation.name") in ("chat", "invoke_agent", "text_completion"):
+        return _first_user_text(a.get("gen_ai.input.messages"))
+    if a.get("openinference.span.kind") in ("LLM", "AGENT", "CHAIN"):
+        return _first_user_text(a.get("input.value"))
+    return ""
+
+
+def trajectories_from_otlp(requests: Iterable[Mapping[str, Any]], *,
+                           warn: Callable[[str], None] | None = None) -> list[Trajectory]:
+    """One trajectory per trace of ``requests`` with at least one tool span."""
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for r in requests:
+        for s in spans_of(r):
+            by_trace.setdefault(s["trace"], []).append(s)
+    out, bare = [], 0
+    for trace, spans in by_trace.items():
+        spans.sort(key=lambda s: s["start"])
+        task = next((t for t in map(_task, spans) if t), "")
+        steps: list[Step] = []
+        seen = Observation(text=task[:MAX_TEXT])
+        for s in spans:
+            got = _tool(s)
+            if got is None:
+                continue
+            name, raw, result = got
+            if raw is None and not result:
+                bare += 1
+            args: Any = raw
+            if isinstance(raw, str):
+                try:
+                    args = json.loads(raw)
+                except ValueError:
+                    args = {"input": raw}
+            res = Observation(text=result[:MAX_TEXT])
+            steps.append(Step(step_id=str(len(steps)), index=len(steps), observation=seen,
+                              action=Action(tool=ToolCall(name=name, arguments=args if
+                                                          isinstance(args, dict) else
+                                                          {"value": args})),
+                              result=res))
+            seen = res
+        if steps:
+            out.append(Trajectory(trajectory_id=f"otlp/{trace}", source="deployment",
+                                  task=task[:MAX_TEXT], steps=steps))
+    if bare and warn is not None:
+        warn(f"{bare} tool span(s) carry no arguments or result: the instrumentation records "
+             f"no content; set {CAPTURE_SETTING} (or your instrumentation's equivalent)")
+    return out
+
+
+def is_otlp(obj: Any) -> bool:
+    """Whether a parsed JSON line is an OTLP trace request rather than a trajectory."""
+    return isinstance(obj, Mapping) and "resourceSpans" in obj
+
+
+def read_otlp_file(path: Any) -> list[dict[str, Any]]:
+    """The trace requests of an OTLP JSON file: one per line (the Collector's file
+    exporter), or one JSON document."""
+    from pathlib import Path
+
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        out = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError as e:
+                raise ValueError(f"{path}: line {n}: not OTLP JSON ({e})") from None
+        return out
+    return whole if isinstance(whole, list) else [whole]
+
+
+def sniff_otlp(path: Any) -> bool:
+    """Whether the file's first JSON value is an OTLP trace request."""
+    from pathlib import Path
+
+    with Path(path).open("rb") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith(b"{") and b'"resourceSpans"' in head
