@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from monitor.tiers import CalibratedPolicy
-from monitor.tool_rules import ToolRules
 from tests.worker.conftest import ROOT
 
 TRANSCRIPT = [
@@ -26,12 +24,9 @@ TRANSCRIPT = [
 
 
 @pytest.fixture(scope="module")
-def ruled(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    policy = CalibratedPolicy.load(tiny_policy)
-    tools = ToolRules.from_dict({"rules": [{"match": "WebFetch", "action": "deny"},
-                                           {"match": "Bash", "action": "allow"}]}, ValueError)
-    return replace(policy, config=replace(policy.config, tools=tools)).save(
-        tmp_path_factory.mktemp("hook") / "policy.json")
+def ruled(ruled_policy_with: Any) -> Path:
+    return ruled_policy_with({"rules": [{"match": "WebFetch", "action": "deny"},
+                                {"match": "Bash", "action": "allow"}]})  # type: ignore[no-any-return]
 
 
 def _hook(payload: dict, *flags: str) -> dict:  # type: ignore[type-arg]

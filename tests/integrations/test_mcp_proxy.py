@@ -8,15 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-
-from monitor.tiers import CalibratedPolicy
-from monitor.tool_rules import ToolRules
 
 RULES = {"rules": [{"match": "git_commit", "server": "git", "action": "deny"},
                    {"match": "git_status", "action": "allow"},
@@ -71,11 +67,8 @@ def _proxy(*flags: str, repo: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ruled_policy(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    policy = CalibratedPolicy.load(tiny_policy)
-    tools = ToolRules.from_dict(RULES, ValueError)
-    out = tmp_path_factory.mktemp("mcp") / "policy.json"
-    return replace(policy, config=replace(policy.config, tools=tools)).save(out)
+def ruled_policy(ruled_policy_with: Any) -> Path:
+    return ruled_policy_with(RULES)  # type: ignore[no-any-return]
 
 
 def test_a_blocked_call_never_reaches_the_server_and_an_allowed_one_is_unchanged(

@@ -188,22 +188,12 @@ def test_rebuilt_rollout_steps_carry_what_the_rl_flags_need() -> None:
                                   "dele\u200bte_file", "d\u0435lete_file", "\uff44elete_file",
                                   "DROP_TABLE"])
 def test_the_destructive_rule_reads_through_names_and_look_alikes(tool: str) -> None:
-    step = Step.model_validate({"step_id": "s1", "index": 0,
-                                "observation": Observation(text="the files"),
-                                "action": Action(text="", tool={"name": tool,
-                                                                "arguments": {"path": "a.txt"}})})
-    st = ScreenStep(trajectory_id="t", task="tidy up", step=step, source="deployment")
-    assert RuleSignals().score_steps([st])[0]["rule_destructive"] == 1.0
+    assert _destructive(tool) == 1.0
 
 
 @pytest.mark.parametrize("tool", ["get_file", "list_files", "read_email", "undelete_file"])
 def test_the_destructive_rule_leaves_reads_alone(tool: str) -> None:
-    step = Step.model_validate({"step_id": "s1", "index": 0,
-                                "observation": Observation(text="the files"),
-                                "action": Action(text="", tool={"name": tool,
-                                                                "arguments": {"path": "a.txt"}})})
-    st = ScreenStep(trajectory_id="t", task="tidy up", step=step, source="deployment")
-    assert RuleSignals().score_steps([st])[0]["rule_destructive"] == 0.0
+    assert _destructive(tool) == 0.0
 
 
 def _destructive(tool: str) -> float:
