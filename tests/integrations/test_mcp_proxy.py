@@ -71,17 +71,23 @@ def ruled_policy(ruled_policy_with: Any) -> Path:
     return ruled_policy_with(RULES)  # type: ignore[no-any-return]
 
 
-def test_a_blocked_call_never_reaches_the_server_and_an_allowed_one_is_unchanged(
-    ruled_policy: Path, tmp_path: Path
+@pytest.mark.broker
+def test_a_blocked_call_never_reaches_the_server_and_every_call_reaches_the_stream(
+    ruled_policy: Path, tmp_path: Path, kafka_settings: Any, topics: Any, unique: str
 ) -> None:
+    from streams.kafka import KafkaBus
+    from streams.records import StepEvent, decode
+
     repo = _repo(tmp_path)
     status = ("git_status", {"repo_path": str(repo)})
     [(_, direct)] = _run(_git_server(repo), [status])
+    env = {"VIGIL_KAFKA_BOOTSTRAP_SERVERS": str(kafka_settings.bootstrap_servers),
+           "VIGIL_TOPIC_STEPS_DEPLOYMENT": topics.steps_deployment}
     got = _run(_proxy("--policy", str(ruled_policy), repo=repo), [
         status,
         ("git_add", {"repo_path": str(repo), "files": ["b.txt"]}),
         ("git_commit", {"repo_path": str(repo), "message": "sneaky"}),
-    ])
+    ], env)
     assert got[0] == (False, direct)  # the server's own answer, unchanged
     assert got[1][0] is False and "staged" in got[1][1].lower()
     assert got[2][0] is True and "vigil blocked this call to git_commit" in got[2][1]
@@ -90,6 +96,22 @@ def test_a_blocked_call_never_reaches_the_server_and_an_allowed_one_is_unchanged
     staged = subprocess.run(["git", "diff", "--cached", "--name-only"], cwd=repo,
                             capture_output=True, text=True, check=True).stdout.split()
     assert staged == ["b.txt"]  # the allowed git_add did
+    # every screened call, the blocked one too, reached the deployment steps topic
+    bus = KafkaBus(kafka_settings)
+    consumer = bus.consumer([topics.steps_deployment], f"{unique}.reader")
+    events: list[StepEvent] = []
+    end = time.monotonic() + 30
+    while len(events) < 3 and time.monotonic() < end:
+        events += [decode(m.value, StepEvent) for m in consumer.poll(0.3)]
+    bus.close()
+    assert [e.step.action.tool.name for e in events if e.step.action.tool] == [
+        "git_status", "git_add", "git_commit"]
+    assert len({e.trajectory_id for e in events}) == 1  # one MCP session, one trajectory
+    first, commit = events[0], events[2]
+    assert first.meta["vigil_forwarded"] is True and "Repository status" in (
+        first.step.result.text if first.step.result else "")
+    assert commit.meta["vigil_forwarded"] is False and commit.meta["vigil_decision"] == "block"
+    assert "git_commit" in commit.meta["vigil_rule"]
 
 
 def test_monitor_only_forwards_what_it_would_block(ruled_policy: Path, tmp_path: Path) -> None:
@@ -110,35 +132,3 @@ def test_a_screener_that_cannot_answer_fails_closed_or_open(tmp_path: Path) -> N
     assert err and "could not screen" in text and "not run" in text
     [(err, text)] = _run(_proxy(*down, "--fail-open", repo=repo), [status])
     assert not err and "Repository status" in text
-
-
-@pytest.mark.broker
-def test_every_screened_call_reaches_the_stream(
-    ruled_policy: Path, tmp_path: Path, kafka_settings: Any, topics: Any, unique: str
-) -> None:
-    from streams.kafka import KafkaBus
-    from streams.records import StepEvent, decode
-
-    repo = _repo(tmp_path)
-    env = {"VIGIL_KAFKA_BOOTSTRAP_SERVERS": str(kafka_settings.bootstrap_servers),
-           "VIGIL_TOPIC_STEPS_DEPLOYMENT": topics.steps_deployment}
-    got = _run(_proxy("--policy", str(ruled_policy), repo=repo), [
-        ("git_status", {"repo_path": str(repo)}),
-        ("git_commit", {"repo_path": str(repo), "message": "sneaky"}),
-    ], env)
-    assert [e for e, _ in got] == [False, True]
-    bus = KafkaBus(kafka_settings)
-    consumer = bus.consumer([topics.steps_deployment], f"{unique}.reader")
-    events: list[StepEvent] = []
-    end = time.monotonic() + 30
-    while len(events) < 2 and time.monotonic() < end:
-        events += [decode(m.value, StepEvent) for m in consumer.poll(0.3)]
-    bus.close()
-    assert [e.step.action.tool.name for e in events if e.step.action.tool] == [
-        "git_status", "git_commit"]
-    assert len({e.trajectory_id for e in events}) == 1  # one MCP session, one trajectory
-    status, commit = events
-    assert status.meta["vigil_forwarded"] is True and "Repository status" in (
-        status.step.result.text if status.step.result else "")
-    assert commit.meta["vigil_forwarded"] is False and commit.meta["vigil_decision"] == "block"
-    assert "git_commit" in commit.meta["vigil_rule"]
