@@ -363,7 +363,7 @@ def test_the_openapi_schema_documents_the_endpoint(app: FastAPI) -> None:
     answer = schema["components"]["schemas"]["ScreenResponse"]
     assert answer["properties"]["decision"]["enum"] == ["allow", "escalate", "block"]
     assert set(answer["properties"]) == {"decision", "tier", "score", "signals", "latency_ms",
-                                         "policy", "trajectory_id", "step_id"}
+                                         "policy", "trajectory_id", "step_id", "rule"}
 
 
 def test_fuzzed_screen_requests_never_get_a_server_error(app: FastAPI, store: Service) -> None:
