@@ -94,10 +94,10 @@ class Decision:
     check: ActionCheck | None
 
 
-def decide(screen: Screen, session: McpSession, name: str, arguments: dict[str, Any] | None,
+def decide(screen: Screen, session: McpSession, action: Action,
            *, monitor_only: bool = False, fail_open: bool = False) -> Decision:
-    """Whether the call ``name(arguments)`` goes to the server, and why."""
-    action = session.action(name, arguments)
+    """Whether the proposed ``action`` (a tool call) goes to the server, and why."""
+    name = action.tool.name if action.tool else ""
     try:
         check = screen(session.trajectory(), action)
     except Exception as e:  # noqa: BLE001 - the flags say how a broken screener fails
@@ -155,11 +155,11 @@ async def run_proxy(screen: Screen, command: str, args: list[str], *, server: st
             return types.ListToolsResult(tools=keep)
 
         async def call_tool(ctx: Any, params: Any) -> Any:
-            d = await anyio.to_thread.run_sync(
-                lambda: decide(screen, session, params.name, params.arguments,
-                               monitor_only=monitor_only, fail_open=fail_open))
-            log(f"vigil: {params.name}: {d.reason}")
             action = session.action(params.name, params.arguments)
+            d = await anyio.to_thread.run_sync(
+                lambda: decide(screen, session, action, monitor_only=monitor_only,
+                               fail_open=fail_open))
+            log(f"vigil: {params.name}: {d.reason}")
             if not d.forward:
                 out = refusal(d.reason)
             else:
