@@ -289,7 +289,9 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
         log(f"judge: held-out loss before training {eval_before:.4f}")
     clock["train"] = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    eval_loss = float(trainer.evaluate()["eval_loss"])
+    # the loop evaluates at every eval_steps, the last step among them when it divides max_steps
+    last = [r["eval_loss"] for r in history if "eval_loss" in r and r["step"] == max_steps]
+    eval_loss = float(last[-1]) if last else float(trainer.evaluate()["eval_loss"])
     model.eval()
     scorer = LanguageModel(model.get_base_model() if cfg.method == "lora" else model, tok,
                            lm.model_id, lm.model_hash, lm.path)
