@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   monitor mcp -- python -m mcp_server_git --repository ~/repo
   monitor mcp --monitor-only -- npx -y @modelcontextprotocol/server-filesystem ~/work
   monitor mcp --service http://127.0.0.1:8000 -- uvx mcp-server-time
+  monitor mcp --upstream https://mcp.example.com/mcp --header 'Authorization: Bearer ...'
 
 In an MCP client's config, put `monitor mcp [options] --` before the server's command."""
 
@@ -46,9 +47,22 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from monitor.integrations.mcp_proxy import run_proxy
 
     command = [c for c in args.server_command if c != "--"]
-    if not command:
-        raise CliError("name the MCP server's command after --, e.g. "
-                       "`monitor mcp -- python -m mcp_server_git --repository .`")
+    if command and args.upstream:
+        raise CliError("give the MCP server either as --upstream URL or as a command after "
+                       "--, not both")
+    if not command and not args.upstream:
+        raise CliError("name the MCP server: its command after --, e.g. `monitor mcp -- "
+                       "python -m mcp_server_git --repository .`, or its streamable HTTP "
+                       "URL, e.g. `monitor mcp --upstream http://127.0.0.1:8000/mcp`")
+    if args.upstream and not args.upstream.startswith(("http://", "https://")):
+        raise CliError(f"--upstream {args.upstream!r}: expected an http:// or https:// URL")
+    headers = {}
+    for h in args.header or []:
+        key, sep, value = h.partition(":")
+        if not sep or not key.strip():
+            raise CliError(f"--header {h!r}: expected 'Name: value'")
+        headers[key.strip()] = value.strip()
+    upstream: str | list[str] = args.upstream or command
     if args.service:
         screen = _service_screen(args.service, args.token or os.environ.get("VIGIL_TOKEN"))
     else:
@@ -73,13 +87,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             bus.flush()
 
         publish = to_stream
-    print(f"vigil: screening the tool calls of {' '.join(command)}"
+    print(f"vigil: screening the tool calls of {args.upstream or ' '.join(command)}"
           + (" (monitor only)" if args.monitor_only else "") + where, file=sys.stderr)
     try:
-        anyio.run(lambda: run_proxy(screen, command[0], command[1:],
-                                    server=args.server_name or "",
+        anyio.run(lambda: run_proxy(screen, upstream, server=args.server_name or "",
                                     monitor_only=args.monitor_only, fail_open=args.fail_open,
-                                    hide_poisoned=args.hide_poisoned, publish=publish))
+                                    hide_poisoned=args.hide_poisoned, publish=publish,
+                                    headers=headers))
     finally:
         if bus is not None:
             bus.close()
@@ -90,7 +104,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "mcp",
         help="run an MCP server behind vigil: every tool call screened before it is forwarded",
-        description="A stdio MCP server that starts the real one and forwards to it; each "
+        description="A stdio MCP server that starts the real one (or connects to it over "
+        "streamable HTTP with --upstream) and forwards to it; each "
         "tools/call is screened first (L0 and L1, the policy's tool rules): a blocked call "
         "never reaches the server and the client gets isError with the reason.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,8 +114,14 @@ def add_parser(sub: Any) -> None:
                    help="ask a running paging service's POST /v1/screen instead of loading "
                    "the models here (token: --token or $VIGIL_TOKEN)")
     p.add_argument("--token", help="the service's producer token")
+    p.add_argument("--upstream", metavar="URL",
+                   help="the MCP server's streamable HTTP endpoint (e.g. "
+                   "http://127.0.0.1:8000/mcp), instead of a command after --")
+    p.add_argument("--header", action="append", metavar="'NAME: VALUE'",
+                   help="an HTTP header for --upstream (repeatable), e.g. 'Authorization: "
+                   "Bearer ...'")
     p.add_argument("--server-name", help="the MCP server's name in tool rules (default: its "
-                   "command's name)")
+                   "command's name, or --upstream's host)")
     p.add_argument("--monitor-only", action="store_true",
                    help="never block: screen, log and forward every call")
     p.add_argument("--fail-open", action="store_true",

@@ -17,8 +17,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from monitor.integrations.openai_agents import Screen
-from streams.records import Action, Observation, Step, ToolCall, Trajectory
+from monitor.integrations.common import (
+    MAX_RESULT_CHARS,
+    MAX_STEPS,
+    Screen,
+    tool_action,
+    trajectory_from_calls,
+)
+from monitor.pipeline import ActionCheck
+from streams.records import Action, Trajectory
 
 MAX_TRANSCRIPT_BYTES = 20_000_000  # a transcript larger than this is read from its end
 
@@ -39,10 +46,8 @@ def _text(block: Mapping[str, Any]) -> str:
 
 def trajectory_of(payload: Mapping[str, Any]) -> Trajectory:
     """The session so far, from the transcript the payload names (none: no steps)."""
-    task, seen = "", Observation(text="")
-    steps: list[Step] = []
+    task = ""
     uses: dict[str, tuple[str, dict[str, Any]]] = {}
-    order: list[str] = []
     results: dict[str, str] = {}
     path = Path(str(payload.get("transcript_path") or ""))
     if path.is_file():
@@ -63,40 +68,42 @@ def trajectory_of(payload: Mapping[str, Any]) -> Trajectory:
                     task = _text(b)
                 elif b.get("type") == "tool_use":
                     uses[str(b.get("id"))] = (str(b.get("name")), dict(b.get("input") or {}))
-                    order.append(str(b.get("id")))
                 elif b.get("type") == "tool_result":
-                    results[str(b.get("tool_use_id"))] = _text(b)[:20_000]
-    for uid in order[-32:]:
-        name, args = uses[uid]
-        result = Observation(text=results.get(uid, ""))
-        steps.append(Step(step_id=str(len(steps)), index=len(steps), observation=seen,
-                          action=Action(tool=ToolCall(name=name, arguments=args)),
-                          result=result))
-        seen = result
-    sid = str(payload.get("session_id") or "claude-code")
-    return Trajectory(trajectory_id=f"claude-code/{sid}", source="deployment", task=task,
-                      steps=steps)
+                    results[str(b.get("tool_use_id"))] = _text(b)
+    return trajectory_from_calls(Sessions.key(payload), task, (
+        (tool_action(name, args), results.get(uid, "")) for uid, (name, args) in uses.items()))
 
 
-def answer(payload: Mapping[str, Any], screen: Screen, *, approve: bool = False,
-           fail_open: bool = False) -> dict[str, Any]:
-    """The hook's JSON answer for one ``PreToolUse`` payload. A screener that fails: ``ask``
-    (a person confirms the call), or no decision with ``fail_open``."""
-    if payload.get("hook_event_name", "PreToolUse") != "PreToolUse":
-        return {}
+def action_of(payload: Mapping[str, Any]) -> Action:
+    """The tool call a ``PreToolUse`` (or ``PostToolUse``) payload names."""
     name = payload.get("tool_name")
     if not isinstance(name, str) or not name:
         raise ValueError("the hook payload has no tool_name: is this a PreToolUse hook?")
-    args = payload.get("tool_input")
-    action = Action(tool=ToolCall(name=name, arguments=args if isinstance(args, dict)
-                                  else {"value": args}))
+    return tool_action(name, payload.get("tool_input"))
+
+
+def answer(payload: Mapping[str, Any], screen: Screen, *, approve: bool = False,
+           fail_open: bool = False, trajectory: Trajectory | None = None) -> dict[str, Any]:
+    """The hook's JSON answer for one ``PreToolUse`` payload, screened in ``trajectory``
+    (default: the session read from the transcript the payload names). A screener that
+    fails: ``ask`` (a person confirms the call), or no decision with ``fail_open``."""
+    if payload.get("hook_event_name", "PreToolUse") != "PreToolUse":
+        return {}
+    action = action_of(payload)
+    name = action.tool.name if action.tool else ""
     try:
-        got = screen(trajectory_of(payload), action)
+        got = screen(trajectory if trajectory is not None else trajectory_of(payload), action)
     except Exception as e:  # noqa: BLE001 - the flags say how a broken screener fails
         if fail_open:
             return {}
-        return _decision("ask", f"vigil could not screen this {name} call ({type(e).__name__}:"
+        return permission("ask", f"vigil could not screen this {name} call ({type(e).__name__}:"
                                 f" {str(e)[:200]}); confirm it yourself")
+    return decision_of(name, got, approve=approve)
+
+
+def decision_of(name: str, got: ActionCheck, *, approve: bool = False) -> dict[str, Any]:
+    """The hook's answer for a screened ``name`` call: block: ``deny``; escalate: ``ask``;
+    allow: no decision (``approve``: ``allow``)."""
     why = (f"vigil: the safety screen scored this {name} call {got.score:.3f} (tier "
            f"L{got.tier}" + (f"; {got.rule}" if got.rule else "") + ")")
     if got.decision == "block":
@@ -107,10 +114,44 @@ def answer(payload: Mapping[str, Any], screen: Screen, *, approve: bool = False,
         decision, reason = "allow", why + " and allowed it"
     else:
         return {}
-    return _decision(decision, reason)
+    return permission(decision, reason)
 
 
-def _decision(decision: str, reason: str) -> dict[str, Any]:
+def permission(decision: str, reason: str) -> dict[str, Any]:
     return {"hookSpecificOutput": {"hookEventName": "PreToolUse",
                                    "permissionDecision": decision,
                                    "permissionDecisionReason": reason}}
+
+
+class Sessions:
+    """What a service that answers the hook over HTTP knows of each session: the calls its
+    ``PostToolUse`` payloads reported, with their results (the transcript the payload names
+    is on the client's disk, and a request never makes the service read a file). Bounded:
+    the last few calls of the last ``max_sessions`` sessions, each result cut."""
+
+    def __init__(self, max_sessions: int = 1024) -> None:
+        from collections import OrderedDict
+
+        self.max_sessions = max_sessions
+        self._calls: OrderedDict[str, list[tuple[Action, str]]] = OrderedDict()
+
+    @staticmethod
+    def key(payload: Mapping[str, Any]) -> str:
+        return f"claude-code/{payload.get('session_id') or 'claude-code'}"
+
+    def trajectory(self, payload: Mapping[str, Any]) -> Trajectory:
+        key = self.key(payload)
+        return trajectory_from_calls(key, "", self._calls.get(key, ()))
+
+    def record(self, payload: Mapping[str, Any]) -> None:
+        """A ``PostToolUse`` payload's call and result, as the session's next step."""
+        key = self.key(payload)
+        action = action_of(payload)
+        calls = self._calls.pop(key, [])
+        self._calls[key] = calls  # the most recent session last
+        while len(self._calls) > self.max_sessions:
+            self._calls.popitem(last=False)
+        response = payload.get("tool_response")
+        text = response if isinstance(response, str) else json.dumps(response, default=str)
+        calls.append((action, text[:MAX_RESULT_CHARS]))
+        del calls[:-MAX_STEPS]

@@ -17,27 +17,24 @@ from typing import Any, Literal
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from monitor.integrations.openai_agents import Screen, default_screen
-from streams.records import Action, Observation, Step, ToolCall, Trajectory
+from monitor.integrations.common import (
+    Screen,
+    default_screen,
+    stop_reason,
+    tool_action,
+    trajectory_from_calls,
+)
+from streams.records import Trajectory
 
 
 def trajectory_of(messages: Sequence[Any], run_id: str = "langchain-run") -> Trajectory:
     """The agent's messages so far as a trajectory."""
     task = next((str(m.content) for m in messages if isinstance(m, HumanMessage)), "")
     results = {m.tool_call_id: str(m.content) for m in messages if isinstance(m, ToolMessage)}
-    steps: list[Step] = []
-    seen = Observation(text=task)
-    for m in messages:
-        if not isinstance(m, AIMessage):
-            continue
-        for call in m.tool_calls:
-            result = Observation(text=results.get(str(call.get("id")), ""))
-            steps.append(Step(step_id=str(len(steps)), index=len(steps), observation=seen,
-                              action=Action(text=str(m.content or ""), tool=ToolCall(
-                                  name=call["name"], arguments=dict(call.get("args") or {}))),
-                              result=result))
-            seen = result
-    return Trajectory(trajectory_id=run_id, source="deployment", task=task, steps=steps)
+    return trajectory_from_calls(run_id, task, (
+        (tool_action(call["name"], call.get("args"), text=str(m.content or "")),
+         results.get(str(call.get("id")), ""))
+        for m in messages if isinstance(m, AIMessage) for call in m.tool_calls))
 
 
 class VigilMiddleware(AgentMiddleware):  # type: ignore[misc]
@@ -53,15 +50,12 @@ class VigilMiddleware(AgentMiddleware):  # type: ignore[misc]
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         call = request.tool_call
         traj = trajectory_of(list((request.state or {}).get("messages", [])))
-        action = Action(tool=ToolCall(name=call["name"], arguments=dict(call.get("args") or {})))
+        action = tool_action(call["name"], call.get("args"))
         got = (self._screen or default_screen(self._policy))(traj, action)
         stop = got.decision == "block" or (got.decision == "escalate"
                                            and self._escalate == "reject")
         if not stop:
             return handler(request)
-        reason = (f"vigil stopped this call to {call['name']}: the safety screen "
-                  f"{'blocked' if got.decision == 'block' else 'escalated'} it (score "
-                  f"{got.score:.3f}, tier L{got.tier}"
-                  + (f"; {got.rule}" if got.rule else "") + "); it was not run")
+        reason = stop_reason(call["name"], got)
         return ToolMessage(content=reason, tool_call_id=str(call.get("id")), name=call["name"],
                            status="error")

@@ -28,13 +28,14 @@ import json
 import sys
 import uuid
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor.integrations.common import MAX_RESULT_CHARS, MAX_STEPS, Screen, tool_action
 from monitor.pipeline import ActionCheck
-from streams.records import Action, Observation, Step, StepEvent, ToolCall, Trajectory
+from streams.records import Action, Observation, Step, StepEvent, Trajectory
 
-Screen = Callable[[Trajectory, Action], ActionCheck]
 Publish = Callable[[StepEvent], None]
 Log = Callable[[str], None]
 
@@ -58,8 +59,7 @@ class McpSession:
 
     def action(self, name: str, arguments: dict[str, Any] | None) -> Action:
         # the server travels as an extra key of the call (tool rules match on it)
-        return Action(tool=ToolCall.model_validate({"name": name, "arguments": dict(
-            arguments or {}), "server": self.server}))
+        return tool_action(name, arguments, server=self.server)
 
     def record(self, action: Action, result: str) -> Step:
         prior = self.steps[-1].result if self.steps else None
@@ -67,7 +67,7 @@ class McpSession:
                     observation=prior or Observation(text=""), action=action,
                     result=Observation(text=result))
         self.steps.append(step)
-        del self.steps[:-32]  # the judge reads the last few steps; keep memory bounded
+        del self.steps[:-MAX_STEPS]  # the screeners read the last few; memory stays bounded
         return step
 
 
@@ -77,7 +77,7 @@ def result_text(result: Any) -> str:
     text = "\n".join(p for p in parts if p)
     if not text and getattr(result, "structured_content", None) is not None:
         text = json.dumps(result.structured_content, default=str)
-    return text[:20_000]
+    return text[:MAX_RESULT_CHARS]
 
 
 def refusal(reason: str) -> Any:
@@ -123,12 +123,24 @@ def step_event(session: McpSession, step: Step, decision: Decision) -> StepEvent
                            **({"vigil_rule": check.rule} if check and check.rule else {})})
 
 
-async def run_proxy(screen: Screen, command: str, args: list[str], *, server: str = "",
+def upstream_name(upstream: str | list[str]) -> str:
+    """The server's name in tool rules and logs: its command's, or its URL's host."""
+    if isinstance(upstream, str):
+        from urllib.parse import urlsplit
+
+        return urlsplit(upstream).hostname or upstream
+    return upstream[0].rsplit("/", 1)[-1]
+
+
+async def run_proxy(screen: Screen, upstream: str | list[str], *, server: str = "",
                     monitor_only: bool = False, fail_open: bool = False,
                     hide_poisoned: bool = False, publish: Publish | None = None,
-                    log: Log = _stderr) -> None:
-    """Serve the proxy on this process's stdin/stdout until the client goes away;
-    ``publish``: each screened call's step goes to it (the stream), blocked ones too."""
+                    headers: dict[str, str] | None = None, log: Log = _stderr) -> None:
+    """Serve the proxy on this process's stdin/stdout until the client goes away.
+    ``upstream``: the real server, a command (with its arguments) started as a subprocess
+    over stdio, or the URL of a server on streamable HTTP (``headers`` sent with each
+    request, e.g. its ``Authorization``). ``publish``: each screened call's step goes to it
+    (the stream), blocked ones too."""
     import anyio
     import mcp_types as types
     from mcp import Client, StdioServerParameters
@@ -137,12 +149,24 @@ async def run_proxy(screen: Screen, command: str, args: list[str], *, server: st
 
     from monitor.scorers.rules import injection_marker
 
-    name = server or command.rsplit("/", 1)[-1]
+    name = server or upstream_name(upstream)
     session = McpSession(server=name)
-    async with Client(StdioServerParameters(command=command, args=args)) as upstream:
+    async with AsyncExitStack() as stack:
+        target: Any
+        if isinstance(upstream, str):
+            from mcp.client.streamable_http import (
+                create_mcp_http_client,
+                streamable_http_client,
+            )
+
+            http = await stack.enter_async_context(create_mcp_http_client(headers=headers))
+            target = streamable_http_client(upstream, http_client=http)
+        else:
+            target = StdioServerParameters(command=upstream[0], args=upstream[1:])
+        upstream_ = await stack.enter_async_context(Client(target))
 
         async def list_tools(ctx: Any, params: Any) -> Any:
-            got = await upstream.list_tools()
+            got = await upstream_.list_tools()
             keep = []
             for tool in got.tools:
                 if injection_marker(f"{tool.description or ''} {tool.title or ''}"):
@@ -163,7 +187,7 @@ async def run_proxy(screen: Screen, command: str, args: list[str], *, server: st
             if not d.forward:
                 out = refusal(d.reason)
             else:
-                out = await upstream.call_tool(params.name, params.arguments)
+                out = await upstream_.call_tool(params.name, params.arguments)
             step = session.record(action, result_text(out))
             if publish is not None:
                 try:

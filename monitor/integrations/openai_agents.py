@@ -17,28 +17,19 @@ default policy, loaded once, ``reviewer=False``).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from monitor.pipeline import ActionCheck
-from streams.records import Action, Observation, Step, ToolCall, Trajectory
+from monitor.integrations.common import (
+    Screen,
+    default_screen,
+    stop_reason,
+    tool_action,
+    trajectory_from_calls,
+)
+from streams.records import Trajectory
 
-Screen = Callable[[Trajectory, Action], ActionCheck]
-
-_DEFAULT: dict[str, Screen] = {}
-
-
-def default_screen(policy: str | None = None) -> Screen:
-    """The default policy's screener (L0 + L1), loaded once per process."""
-    key = policy or ""
-    if key not in _DEFAULT:
-        from monitor.defaults import ensure_policy
-        from monitor.pipeline import load_screener
-
-        _DEFAULT[key] = load_screener(ensure_policy(policy), reviewer=False).check_action
-    return _DEFAULT[key]
-
+__all__ = ["Screen", "default_screen", "guard", "trajectory_of"]
 
 def _text(content: Any) -> str:
     if isinstance(content, str):
@@ -53,7 +44,6 @@ def trajectory_of(turn_input: Sequence[Any], run_id: str = "agents-run") -> Traj
     ``function_call`` with its ``function_call_output`` a step."""
     task = ""
     calls: dict[str, dict[str, Any]] = {}
-    order: list[str] = []
     outputs: dict[str, str] = {}
     for item in turn_input:
         d = item if isinstance(item, dict) else getattr(item, "model_dump", lambda: {})()
@@ -62,25 +52,11 @@ def trajectory_of(turn_input: Sequence[Any], run_id: str = "agents-run") -> Traj
             task = _text(d.get("content"))
         elif kind == "function_call":
             calls[str(d.get("call_id"))] = d
-            order.append(str(d.get("call_id")))
         elif kind == "function_call_output":
             outputs[str(d.get("call_id"))] = _text(d.get("output"))
-    steps: list[Step] = []
-    seen = Observation(text=task)
-    for cid in order:
-        d = calls[cid]
-        try:
-            args = json.loads(d.get("arguments") or "{}")
-        except ValueError:
-            args = {"raw": d.get("arguments")}
-        result = Observation(text=outputs.get(cid, ""))
-        steps.append(Step(step_id=str(len(steps)), index=len(steps), observation=seen,
-                          action=Action(tool=ToolCall(name=str(d.get("name")),
-                                                      arguments=args if isinstance(args, dict)
-                                                      else {"value": args})),
-                          result=result))
-        seen = result
-    return Trajectory(trajectory_id=run_id, source="deployment", task=task, steps=steps)
+    return trajectory_from_calls(run_id, task, (
+        (tool_action(str(d.get("name")), d.get("arguments")), outputs.get(cid, ""))
+        for cid, d in calls.items()))
 
 
 def guard(agent: Any, *, screen: Screen | None = None, policy: str | None = None,
@@ -91,12 +67,7 @@ def guard(agent: Any, *, screen: Screen | None = None, policy: str | None = None
 
     def check(data: Any) -> Any:
         ctx = data.context
-        try:
-            args = json.loads(ctx.tool_arguments or "{}")
-        except ValueError:
-            args = {"raw": ctx.tool_arguments}
-        action = Action(tool=ToolCall(name=ctx.tool_name, arguments=args if isinstance(
-            args, dict) else {"value": args}))
+        action = tool_action(ctx.tool_name, ctx.tool_arguments)
         traj = trajectory_of(list(ctx.turn_input or []))
         got = (screen or default_screen(policy))(traj, action)
         stop = got.decision == "block" or (got.decision == "escalate" and escalate == "reject")
@@ -104,10 +75,7 @@ def guard(agent: Any, *, screen: Screen | None = None, policy: str | None = None
                 "rule": got.rule}
         if not stop:
             return ToolGuardrailFunctionOutput.allow(output_info=info)
-        reason = (f"vigil stopped this call to {ctx.tool_name}: the safety screen "
-                  f"{'blocked' if got.decision == 'block' else 'escalated'} it (score "
-                  f"{got.score:.3f}, tier L{got.tier}"
-                  + (f"; {got.rule}" if got.rule else "") + "); it was not run")
+        reason = stop_reason(ctx.tool_name, got)
         if raise_on_block:
             return ToolGuardrailFunctionOutput.raise_exception(output_info={**info,
                                                                             "reason": reason})

