@@ -64,6 +64,7 @@ class JudgeTrainConfig:
     save_steps: int = 20
     seed: int = 0
     threads: int | None = None
+    evals: int = 4  # held-out evaluations during training (the loss curve), besides before
     exclude_domains: tuple[str, ...] = ()  # leave-one-domain-out folds
     evidence: int = 0  # evidence before the question: 0 none, 1 provenance, 2 + goal alignment
     encoder: str = "minilm"  # the goal alignment's sentence encoder (static: L1's judge)
@@ -84,7 +85,8 @@ class JudgeTrainConfig:
 
     def recorded(self) -> dict[str, Any]:
         """What ``judge.json`` keeps of this config (a rerun with the same is up to date)."""
-        kept = {k: v for k, v in asdict(self).items() if k not in ("data", "out", "threads")}
+        skip = ("data", "out", "threads", "evals")  # where it runs, not what it learns
+        kept = {k: v for k, v in asdict(self).items() if k not in skip}
         return dict(json.loads(json.dumps(kept)))  # as read back: tuples become lists
 
 
@@ -235,7 +237,7 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
         warmup_steps=max(1, max_steps // 20),
         logging_steps=max(1, min(10, max_steps // 10)),
         eval_strategy="steps",
-        eval_steps=max(1, max_steps // 4),
+        eval_steps=max(1, max_steps // max(1, cfg.evals)),
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=2,

@@ -71,7 +71,9 @@ def test_the_worker_alerts_waits_and_resumes_after_a_broker_outage(
                               "--metrics-port", str(port))
         before = _events(small_agentdojo, 8, "before")
         _send(settings, topics.steps_deployment, before)
-        worker.wait_for("screened 8 steps", timeout=180)
+        # the first steps wait for the models to load: minutes on two cores shared with a
+        # judge training in the other test worker
+        worker.wait_for("screened 8 steps", timeout=360)
         assert _health(port)[0] == 200
 
         broker.kill()

@@ -39,7 +39,7 @@ def judge_bundle(small_agentdojo: Path, tmp_path_factory: pytest.TempPathFactory
     cfg = JudgeTrainConfig(data=[str(small_agentdojo)], out=str(tmp_path_factory.mktemp("judge")),
                            max_examples=64, eval_examples=16, batch_size=4, grad_accum=1,
                            epochs=2, lr=5e-4, max_chars=600, save_steps=16, threads=2,
-                           lora_layers=9)
+                           lora_layers=9, evals=2)
     lines: list[str] = []
     out = train_judge(cfg, log=lines.append)
     assert any("ETA" in line for line in lines), lines  # progress while it trains
@@ -288,7 +288,7 @@ def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
     from monitor.tiers import CalibratedPolicy, policy_config_from_dict
 
     config = with_judge(policy_config_from_dict(
-        {"tiers": {"L0": {"budget": 0.5}, "L1": {"budget": 0.3}, "L2": {"budget": 0.2}}}),
+        {"tiers": {"L0": {"budget": 0.5}, "L1": {"budget": 0.2}, "L2": {"budget": 0.2}}}),
         judge_bundle)
     assert config.tiers[2].signals[-1] == "judge_unsafe"
     assert config.tiers[2].reviewer == {"backend": "local", "model_path": str(judge_bundle)}
@@ -297,7 +297,7 @@ def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
         config, [str(small_agentdojo)], tmp_path / "policy.json",
         models={"worldmodel": str(tiny_worldmodel_bundle), "probes": str(tiny_probe_bundle),
                 "provenance": str(prov)},
-        sizes=DefaultSizes(1, (3,), 160, 160, 12), log=lambda _: None)
+        sizes=DefaultSizes(1, (3,), 160, 160, 6), log=lambda _: None)
     policy = CalibratedPolicy.load(out)
     weights = policy.gates[2].to_dict()["weights"]
     # the rubric signals stay at L2 only where they add AUROC over the judge alone
