@@ -71,32 +71,20 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
         screener = load_screener(ensure_policy(args.policy), reviewer=False)
         screen = screener.check_action
-    publish: Any = None
-    bus: Any = None
-    where = ""
-    if os.environ.get("VIGIL_KAFKA_BOOTSTRAP_SERVERS"):  # a broker: the steps go to the stream
-        from streams.config import KafkaSettings, Topics
-        from streams.kafka import KafkaBus
-        from streams.processor import publish_record
+    from monitor.integrations.common import StepStream
 
-        bus, topic = KafkaBus(KafkaSettings()), Topics().steps_deployment
-        where = f"; steps to {topic}"
-
-        def to_stream(ev: Any) -> None:
-            publish_record(bus, topic, ev, key=ev.trajectory_id)
-            bus.flush()
-
-        publish = to_stream
+    stream = StepStream.from_env()  # a broker: the steps go to the stream
+    where = f"; steps to {stream.topic}" if stream is not None else ""
     print(f"vigil: screening the tool calls of {args.upstream or ' '.join(command)}"
           + (" (monitor only)" if args.monitor_only else "") + where, file=sys.stderr)
     try:
         anyio.run(lambda: run_proxy(screen, upstream, server=args.server_name or "",
                                     monitor_only=args.monitor_only, fail_open=args.fail_open,
-                                    hide_poisoned=args.hide_poisoned, publish=publish,
+                                    hide_poisoned=args.hide_poisoned, stream=stream,
                                     headers=headers))
     finally:
-        if bus is not None:
-            bus.close()
+        if stream is not None:
+            stream.close()
     return 0
 
 

@@ -5,6 +5,7 @@ stopped call gives the model."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -47,14 +48,18 @@ def tool_action(name: str, arguments: Any, text: str = "", **extra: Any) -> Acti
 
 def trajectory_from_calls(run_id: str, task: str, calls: Iterable[tuple[Action, str]],
                           *, meta: dict[str, Any] | None = None) -> Trajectory:
-    """The run so far: each call with what it returned is a step, the last ``MAX_STEPS``;
-    a step's observation is what the step before returned (the first's: the task)."""
+    """The run so far: each call with what it returned is a step, the last ``MAX_STEPS``
+    kept, each numbered by its place in the whole run (a step id names one step however
+    long the run grows); a step's observation is what the call before returned (the
+    first's: the task)."""
+    done = list(calls)
+    start = max(0, len(done) - MAX_STEPS)
     steps: list[Step] = []
-    seen = Observation(text=task)
-    for action, output in list(calls)[-MAX_STEPS:]:
+    seen = Observation(text=done[start - 1][1][:MAX_RESULT_CHARS] if start else task)
+    for i, (action, output) in enumerate(done[start:], start):
         result = Observation(text=output[:MAX_RESULT_CHARS])
-        steps.append(Step(step_id=str(len(steps)), index=len(steps), observation=seen,
-                          action=action, result=result))
+        steps.append(Step(step_id=str(i), index=i, observation=seen, action=action,
+                          result=result))
         seen = result
     return Trajectory(trajectory_id=run_id, source="deployment", task=task, steps=steps,
                       meta=meta or {})
@@ -66,3 +71,56 @@ def stop_reason(name: str, got: ActionCheck) -> str:
             f"{'blocked' if got.decision == 'block' else 'escalated'} it (score "
             f"{got.score:.3f}, tier L{got.tier}" + (f"; {got.rule}" if got.rule else "")
             + "); it was not run")
+
+
+class StepStream:
+    """Each screened call as a :class:`~streams.records.StepEvent` on the deployment steps
+    topic, so the async tiers (L1 to L3), pages and recall dashboards see a gate's traffic:
+    an allowed call with what the tool returned, a stopped one with the refusal as its
+    result; the gate's decision rides in ``meta`` (``vigil_forwarded``, ``vigil_decision``,
+    ``vigil_rule``). A broker that fails is logged; the call is never failed for it."""
+
+    def __init__(self, bus: Any, topic: str, *, log: Callable[[str], None] | None = None
+                 ) -> None:
+        self.bus, self.topic = bus, topic
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    @classmethod
+    def from_env(cls) -> StepStream | None:
+        """The stream of ``VIGIL_KAFKA_*`` (the deployment topic of ``VIGIL_TOPIC_*``), or
+        None where ``VIGIL_KAFKA_BOOTSTRAP_SERVERS`` is unset."""
+        import os
+
+        if not os.environ.get("VIGIL_KAFKA_BOOTSTRAP_SERVERS"):
+            return None
+        from streams.config import KafkaSettings, Topics
+        from streams.kafka import KafkaBus
+
+        return cls(KafkaBus(KafkaSettings()), Topics().steps_deployment)
+
+    def publish(self, trajectory: Trajectory, action: Action, result: str,
+                check: ActionCheck | None, *, forwarded: bool,
+                meta: dict[str, Any] | None = None) -> None:
+        from streams.processor import publish_record
+        from streams.records import StepEvent
+
+        last = trajectory.steps[-1] if trajectory.steps else None
+        n = last.index + 1 if last is not None else 0
+        seen = (last.result or Observation(text="")) if last is not None else Observation(
+            text=trajectory.task)
+        step = Step(step_id=str(n), index=n, observation=seen, action=action,
+                    result=Observation(text=result[:MAX_RESULT_CHARS]))
+        event = StepEvent(trajectory_id=trajectory.trajectory_id, source="deployment",
+                          step=step, meta={**(meta or {}), "vigil_forwarded": forwarded,
+                                           "vigil_decision": check.decision if check
+                                           else "unscreened",
+                                           **({"vigil_rule": check.rule}
+                                              if check and check.rule else {})})
+        try:
+            publish_record(self.bus, self.topic, event, key=event.trajectory_id)
+            self.bus.flush()
+        except Exception as e:  # noqa: BLE001 - the stream is for the later tiers only
+            self.log(f"vigil: could not publish the step to the stream ({e})")
+
+    def close(self) -> None:
+        self.bus.close()

@@ -32,11 +32,16 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.integrations.common import MAX_RESULT_CHARS, MAX_STEPS, Screen, tool_action
+from monitor.integrations.common import (
+    MAX_RESULT_CHARS,
+    MAX_STEPS,
+    Screen,
+    StepStream,
+    tool_action,
+)
 from monitor.pipeline import ActionCheck
-from streams.records import Action, Observation, Step, StepEvent, Trajectory
+from streams.records import Action, Observation, Step, Trajectory
 
-Publish = Callable[[StepEvent], None]
 Log = Callable[[str], None]
 
 
@@ -62,10 +67,11 @@ class McpSession:
         return tool_action(name, arguments, server=self.server)
 
     def record(self, action: Action, result: str) -> Step:
-        prior = self.steps[-1].result if self.steps else None
-        step = Step(step_id=str(len(self.steps)), index=len(self.steps),
-                    observation=prior or Observation(text=""), action=action,
-                    result=Observation(text=result))
+        prior = self.steps[-1] if self.steps else None
+        n = prior.index + 1 if prior is not None else 0  # ids keep counting past the cut
+        step = Step(step_id=str(n), index=n,
+                    observation=(prior.result if prior else None) or Observation(text=""),
+                    action=action, result=Observation(text=result))
         self.steps.append(step)
         del self.steps[:-MAX_STEPS]  # the screeners read the last few; memory stays bounded
         return step
@@ -113,16 +119,6 @@ def decide(screen: Screen, session: McpSession, action: Action,
     return Decision(True, f"{check.decision}{rule}", check)
 
 
-def step_event(session: McpSession, step: Step, decision: Decision) -> StepEvent:
-    """The step as the stream's deployment topic carries it (the async tiers, pages and
-    recall dashboards see MCP traffic); the proxy's decision rides in ``meta``."""
-    check = decision.check
-    return StepEvent(trajectory_id=session.trajectory_id, source="deployment", step=step,
-                     meta={"mcp_server": session.server, "vigil_forwarded": decision.forward,
-                           "vigil_decision": check.decision if check else "unscreened",
-                           **({"vigil_rule": check.rule} if check and check.rule else {})})
-
-
 def upstream_name(upstream: str | list[str]) -> str:
     """The server's name in tool rules and logs: its command's, or its URL's host."""
     if isinstance(upstream, str):
@@ -134,13 +130,13 @@ def upstream_name(upstream: str | list[str]) -> str:
 
 async def run_proxy(screen: Screen, upstream: str | list[str], *, server: str = "",
                     monitor_only: bool = False, fail_open: bool = False,
-                    hide_poisoned: bool = False, publish: Publish | None = None,
+                    hide_poisoned: bool = False, stream: StepStream | None = None,
                     headers: dict[str, str] | None = None, log: Log = _stderr) -> None:
     """Serve the proxy on this process's stdin/stdout until the client goes away.
     ``upstream``: the real server, a command (with its arguments) started as a subprocess
     over stdio, or the URL of a server on streamable HTTP (``headers`` sent with each
-    request, e.g. its ``Authorization``). ``publish``: each screened call's step goes to it
-    (the stream), blocked ones too."""
+    request, e.g. its ``Authorization``). ``stream``: each screened call's step goes to it,
+    blocked ones too."""
     import anyio
     import mcp_types as types
     from mcp import Client, StdioServerParameters
@@ -188,12 +184,13 @@ async def run_proxy(screen: Screen, upstream: str | list[str], *, server: str = 
                 out = refusal(d.reason)
             else:
                 out = await upstream_.call_tool(params.name, params.arguments)
-            step = session.record(action, result_text(out))
-            if publish is not None:
-                try:
-                    await anyio.to_thread.run_sync(publish, step_event(session, step, d))
-                except Exception as e:  # noqa: BLE001 - the stream is for later tiers only
-                    log(f"vigil: could not publish the step to the stream ({e})")
+            before = session.trajectory()
+            text = result_text(out)
+            session.record(action, text)
+            if stream is not None:
+                await anyio.to_thread.run_sync(lambda: stream.publish(
+                    before, action, text, d.check, forwarded=d.forward,
+                    meta={"mcp_server": session.server}))
             return out
 
         proxy = Server("vigil", on_list_tools=list_tools, on_call_tool=call_tool)

@@ -36,3 +36,21 @@ def bank_screen(ruled_policy_with: Callable[[Mapping[str, Any]], Path]) -> Any:
     path = ruled_policy_with({"rules": [{"match": "send_money", "action": "deny"},
                                         {"match": "read_file", "action": "allow"}]})
     return load_screener(path, reviewer=False).check_action
+
+
+def consume_steps(kafka_settings: Any, topic: str, group: str, n: int,
+                  timeout: float = 30) -> list[Any]:
+    """The first ``n`` step events on ``topic`` (read by a consumer group of its own)."""
+    import time
+
+    from streams.kafka import KafkaBus
+    from streams.records import StepEvent, decode
+
+    bus = KafkaBus(kafka_settings)
+    consumer = bus.consumer([topic], group)
+    events: list[StepEvent] = []
+    end = time.monotonic() + timeout
+    while len(events) < n and time.monotonic() < end:
+        events += [decode(m.value, StepEvent) for m in consumer.poll(0.3)]
+    bus.close()
+    return events

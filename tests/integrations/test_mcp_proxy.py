@@ -14,6 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.integrations.conftest import consume_steps
+
 RULES = {"rules": [{"match": "git_commit", "server": "git", "action": "deny"},
                    {"match": "git_status", "action": "allow"},
                    {"match": "git_add", "action": "allow"}]}
@@ -75,9 +77,6 @@ def ruled_policy(ruled_policy_with: Any) -> Path:
 def test_a_blocked_call_never_reaches_the_server_and_every_call_reaches_the_stream(
     ruled_policy: Path, tmp_path: Path, kafka_settings: Any, topics: Any, unique: str
 ) -> None:
-    from streams.kafka import KafkaBus
-    from streams.records import StepEvent, decode
-
     repo = _repo(tmp_path)
     status = ("git_status", {"repo_path": str(repo)})
     [(_, direct)] = _run(_git_server(repo), [status])
@@ -97,16 +96,12 @@ def test_a_blocked_call_never_reaches_the_server_and_every_call_reaches_the_stre
                             capture_output=True, text=True, check=True).stdout.split()
     assert staged == ["b.txt"]  # the allowed git_add did
     # every screened call, the blocked one too, reached the deployment steps topic
-    bus = KafkaBus(kafka_settings)
-    consumer = bus.consumer([topics.steps_deployment], f"{unique}.reader")
-    events: list[StepEvent] = []
-    end = time.monotonic() + 30
-    while len(events) < 3 and time.monotonic() < end:
-        events += [decode(m.value, StepEvent) for m in consumer.poll(0.3)]
-    bus.close()
+    events = consume_steps(kafka_settings, topics.steps_deployment, f"{unique}.reader", 3)
     assert [e.step.action.tool.name for e in events if e.step.action.tool] == [
         "git_status", "git_add", "git_commit"]
     assert len({e.trajectory_id for e in events}) == 1  # one MCP session, one trajectory
+    assert [e.step.step_id for e in events] == ["0", "1", "2"]
+    assert events[0].meta["mcp_server"] == "git"
     first, commit = events[0], events[2]
     assert first.meta["vigil_forwarded"] is True and "Repository status" in (
         first.step.result.text if first.step.result else "")
