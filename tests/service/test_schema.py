@@ -63,10 +63,10 @@ def test_openapi_documents_every_api_route_with_its_errors(service: Service) -> 
     assert trigger["responses"]["422"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/ValidationProblem"}  # our one-sentence detail
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
-    # no route lets anyone read verdicts but reviewers; the harness's one route, /v1/screen,
-    # answers from L0 and L1 only (tests/service/test_screen.py)
+    # no route lets anyone read verdicts but reviewers; the harness's routes, /v1/screen and
+    # the Claude Code hook, answer from L0 and L1 only (tests/service/test_screen.py)
     assert [p for p in schema["paths"] if not p.startswith(("/api/v1/", "/healthz"))
-            and p.startswith(("/v1/", "/api/"))] == ["/v1/screen"]
+            and p.startswith(("/v1/", "/api/"))] == ["/v1/screen", "/v1/hooks/claude-code"]
 
 
 def fuzz_operation(operation: Any, mode: GenerationMode, headers: dict[str, str],
@@ -88,14 +88,18 @@ def fuzz_operation(operation: Any, mode: GenerationMode, headers: dict[str, str]
     return None
 
 
+SCREENING = ("/v1/screen", "/v1/hooks/claude-code")
+
+
 def test_fuzzed_requests_never_get_a_server_error(service: Service) -> None:
     """Valid and invalid requests to every operation, as an admin (so they reach the
     handlers): no 5xx, and every response is one the schema declares."""
     app = create_app(service.settings(), console=io.StringIO())
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    # /v1/screen answers 503 here (no screener); test_screen.py fuzzes it with real models
+    # the screening routes answer 503 here (no screener); test_screen.py fuzzes them with
+    # real models
     operations = [op for result in schema.get_all_operations()
-                  if (op := result.ok()).path != "/v1/screen"]
+                  if (op := result.ok()).path not in SCREENING]
     assert len(operations) >= 20
     failures = [
         failure

@@ -367,12 +367,15 @@ def test_the_openapi_schema_documents_the_endpoint(app: FastAPI) -> None:
 
 
 def test_fuzzed_screen_requests_never_get_a_server_error(app: FastAPI, store: Service) -> None:
-    """Valid and invalid bodies through the real models: no 5xx, every answer as declared."""
+    """Valid and invalid bodies through the real models: no 5xx, every answer as declared
+    (``POST /v1/screen`` and the Claude Code hook)."""
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    [operation] = [op for r in schema.get_all_operations()
-                   if isinstance(r, Ok) and (op := r.ok()).path == "/v1/screen"]
+    operations = [op for r in schema.get_all_operations() if isinstance(r, Ok) and (
+        op := r.ok()).path in ("/v1/screen", "/v1/hooks/claude-code")]
+    assert len(operations) == 2
     failures = [
         failure
+        for operation in operations
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
         if (failure := fuzz_operation(operation, mode, store.auth("producer"), 25))
     ]
