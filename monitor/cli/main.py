@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     from monitor.cli import (
         broker,
         dashboards,
+        hook,
+        ingest,
         likelihood,
         mcp,
         models,
@@ -77,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     screen.add_parser(sub)
     stream.add_parser(sub)
     mcp.add_parser(sub)
-    mcp.add_hook_parser(sub)
-    mcp.add_ingest_parser(sub)
+    hook.add_parser(sub)
+    ingest.add_parser(sub)
     add_paging(sub)
     dashboards.add_parser(sub)
     report.add_parser(sub)

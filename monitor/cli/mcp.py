@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
@@ -17,28 +16,6 @@ EXAMPLES = """examples:
   monitor mcp --upstream https://mcp.example.com/mcp --header 'Authorization: Bearer ...'
 
 In an MCP client's config, put `monitor mcp [options] --` before the server's command."""
-
-
-def _service_screen(url: str, token: str | None) -> Any:
-    """A screen function that asks a running paging service (``POST /v1/screen``)."""
-    import urllib.request
-
-    from monitor.pipeline import ActionCheck
-
-    def screen(trajectory: Any, action: Any) -> ActionCheck:
-        body = json.dumps({"trajectory": trajectory.model_dump(mode="json"),
-                           "action": action.model_dump(mode="json")}).encode()
-        req = urllib.request.Request(f"{url.rstrip('/')}/v1/screen", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(req, timeout=30) as r:
-            got = json.loads(r.read())
-        return ActionCheck(got["decision"], int(got["tier"]), float(got["score"]),
-                           got.get("signals") or {}, float(got["latency_ms"]) / 1000,
-                           got.get("rule"))
-
-    return screen
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -64,7 +41,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         headers[key.strip()] = value.strip()
     upstream: str | list[str] = args.upstream or command
     if args.service:
-        screen = _service_screen(args.service, args.token or os.environ.get("VIGIL_TOKEN"))
+        from monitor.integrations.common import service_screen
+
+        screen = service_screen(args.service, args.token or os.environ.get("VIGIL_TOKEN"))
     else:
         from monitor.defaults import ensure_policy
         from monitor.pipeline import load_screener
@@ -120,85 +99,3 @@ def add_parser(sub: Any) -> None:
     p.add_argument("server_command", nargs=argparse.REMAINDER,
                    help="-- then the MCP server's command and arguments")
     p.set_defaults(fn=cmd_mcp)
-
-
-def cmd_hook(args: argparse.Namespace) -> int:
-    """``monitor hook claude-code``: one PreToolUse payload on stdin, the answer on stdout."""
-    from monitor.integrations.claude_code import answer
-
-    raw = sys.stdin.read()
-    try:
-        payload = json.loads(raw)
-    except ValueError as e:
-        raise CliError(f"the hook payload on stdin is not JSON ({e})") from None
-    if not isinstance(payload, dict):
-        raise CliError("the hook payload on stdin must be a JSON object")
-    if args.service:
-        screen = _service_screen(args.service, args.token or os.environ.get("VIGIL_TOKEN"))
-    else:
-        from monitor.defaults import ensure_policy
-        from monitor.pipeline import load_screener
-
-        screen = load_screener(ensure_policy(args.policy), reviewer=False).check_action
-    print(json.dumps(answer(payload, screen, approve=args.approve, fail_open=args.fail_open)))
-    return 0
-
-
-def add_hook_parser(sub: Any) -> None:
-    h = sub.add_parser("hook", help="answer an agent harness's tool hook (Claude Code)")
-    hs = h.add_subparsers(dest="harness", metavar="HARNESS", required=True)
-    c = hs.add_parser(
-        "claude-code",
-        help="a PreToolUse hook: the payload on stdin, the decision on stdout",
-        description="Screens the tool call of a Claude Code PreToolUse payload in the "
-        "session so far (its transcript) and answers deny (blocked), ask (escalated) or "
-        "nothing (allowed: Claude Code's own permissions apply). Loading the models takes "
-        "seconds per call: point --service at a running paging service for speed.",
-        epilog='settings.json: {"hooks": {"PreToolUse": [{"matcher": "*", "hooks": '
-        '[{"type": "command", "command": "monitor hook claude-code --service '
-        'http://127.0.0.1:8000"}]}]}}')
-    c.add_argument("--policy", help="calibrated policy (default: as monitor screen picks it)")
-    c.add_argument("--service", metavar="URL", help="ask a running paging service's "
-                   "POST /v1/screen (token: --token or $VIGIL_TOKEN)")
-    c.add_argument("--token", help="the service's producer token")
-    c.add_argument("--approve", action="store_true",
-                   help="answer allow for allowed calls (skipping Claude Code's own prompts)")
-    c.add_argument("--fail-open", action="store_true",
-                   help="when screening fails, answer nothing (default: ask the user)")
-    c.set_defaults(fn=cmd_hook)
-
-
-def cmd_ingest_otlp(args: argparse.Namespace) -> int:
-    """``monitor ingest otlp FILE``: OpenTelemetry GenAI traces as trajectories."""
-    from pathlib import Path
-
-    from monitor.integrations.otlp import read_otlp_file, trajectories_from_otlp
-
-    src = Path(args.file)
-    if not src.exists():
-        raise CliError(f"{src}: no such file")
-    runs = trajectories_from_otlp(read_otlp_file(src),
-                                  warn=lambda m: print(f"{src}: {m}", file=sys.stderr))
-    text = "".join(t.model_dump_json() + "\n" for t in runs)
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
-    print(f"{src}: {len(runs)} traces with tool calls, "
-          f"{sum(len(t.steps) for t in runs)} steps" + (f"; wrote {args.out}" if args.out
-                                                        else ""), file=sys.stderr)
-    return 0
-
-
-def add_ingest_parser(sub: Any) -> None:
-    i = sub.add_parser("ingest", help="turn other systems' records into trajectories")
-    isub = i.add_subparsers(dest="format", metavar="FORMAT", required=True)
-    o = isub.add_parser(
-        "otlp", help="OpenTelemetry GenAI traces (OTLP JSON) as trajectories",
-        description="One trajectory per trace: its execute_tool spans (GenAI semantic "
-        "conventions) or OpenInference TOOL spans, in start order, as steps; the task from "
-        "the first chat / invoke_agent (or LLM / AGENT) span's input messages. `monitor "
-        "screen` reads such a file directly.")
-    o.add_argument("file", help="OTLP JSON: one ExportTraceServiceRequest per line, or one")
-    o.add_argument("--out", help="trajectories JSON Lines (default: standard output)")
-    o.set_defaults(fn=cmd_ingest_otlp)

@@ -30,6 +30,28 @@ def default_screen(policy: str | None = None) -> Screen:
     return _DEFAULT[key]
 
 
+def service_screen(url: str, token: str | None) -> Screen:
+    """A screen function that asks a running paging service (``POST /v1/screen``)."""
+    import urllib.request
+
+    from monitor.pipeline import ActionCheck
+
+    def screen(trajectory: Any, action: Any) -> ActionCheck:
+        body = json.dumps({"trajectory": trajectory.model_dump(mode="json"),
+                           "action": action.model_dump(mode="json")}).encode()
+        req = urllib.request.Request(f"{url.rstrip('/')}/v1/screen", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            got = json.loads(r.read())
+        return ActionCheck(got["decision"], int(got["tier"]), float(got["score"]),
+                           got.get("signals") or {}, float(got["latency_ms"]) / 1000,
+                           got.get("rule"))
+
+    return screen
+
+
 def tool_action(name: str, arguments: Any, text: str = "", **extra: Any) -> Action:
     """A tool call as vigil's :class:`Action`: arguments given as a JSON string are parsed
     (``{"raw": ...}`` where they do not parse); a value that is not an object is
