@@ -23,15 +23,9 @@ def cmd_hook(args: argparse.Namespace) -> int:
         raise CliError(f"the hook payload on stdin is not JSON ({e})") from None
     if not isinstance(payload, dict):
         raise CliError("the hook payload on stdin must be a JSON object")
-    if args.service:
-        from monitor.integrations.common import service_screen
+    from monitor.integrations.common import screen_from
 
-        screen = service_screen(args.service, args.token or os.environ.get("VIGIL_TOKEN"))
-    else:
-        from monitor.defaults import ensure_policy
-        from monitor.pipeline import load_screener
-
-        screen = load_screener(ensure_policy(args.policy), reviewer=False).check_action
+    screen = screen_from(args.service, args.token or os.environ.get("VIGIL_TOKEN"), args.policy)
     print(json.dumps(answer(payload, screen, approve=args.approve, fail_open=args.fail_open)))
     return 0
 

@@ -40,18 +40,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             raise CliError(f"--header {h!r}: expected 'Name: value'")
         headers[key.strip()] = value.strip()
     upstream: str | list[str] = args.upstream or command
-    if args.service:
-        from monitor.integrations.common import service_screen
+    from monitor.integrations.common import StepStream, screen_from
 
-        screen = service_screen(args.service, args.token or os.environ.get("VIGIL_TOKEN"))
-    else:
-        from monitor.defaults import ensure_policy
-        from monitor.pipeline import load_screener
-
-        screener = load_screener(ensure_policy(args.policy), reviewer=False)
-        screen = screener.check_action
-    from monitor.integrations.common import StepStream
-
+    screen = screen_from(args.service, args.token or os.environ.get("VIGIL_TOKEN"), args.policy)
     stream = StepStream.from_env()  # a broker: the steps go to the stream
     where = f"; steps to {stream.topic}" if stream is not None else ""
     print(f"vigil: screening the tool calls of {args.upstream or ' '.join(command)}"

@@ -68,6 +68,29 @@ def tool_action(name: str, arguments: Any, text: str = "", **extra: Any) -> Acti
                                                            **extra}))
 
 
+def next_step(last: Step | None, task: str, action: Action, result: str) -> Step:
+    """The step after ``last`` (None: the run's first): numbered by its place in the run,
+    its observation what ``last`` returned (the first's: the task)."""
+    n = last.index + 1 if last is not None else 0
+    seen = (last.result or Observation(text="")) if last is not None else Observation(text=task)
+    return Step(step_id=str(n), index=n, observation=seen, action=action,
+                result=Observation(text=result[:MAX_RESULT_CHARS]))
+
+
+def screen_from(service: str | None, token: str | None, policy: str | None) -> Screen:
+    """A running service's ``POST /v1/screen`` (``service``), else the screener of
+    ``policy`` (default: the default policy) loaded here."""
+    if service:
+        return service_screen(service, token)
+    return default_screen(policy)
+
+
+def stops(got: ActionCheck, escalate: str) -> bool:
+    """Whether a gate keeps the call from running: blocked, or escalated unless
+    ``escalate="allow"``."""
+    return got.decision == "block" or (got.decision == "escalate" and escalate == "reject")
+
+
 def trajectory_from_calls(run_id: str, task: str, calls: Iterable[tuple[Action, str]],
                           *, meta: dict[str, Any] | None = None) -> Trajectory:
     """The run so far: each call with what it returned is a step, the last ``MAX_STEPS``
@@ -126,12 +149,8 @@ class StepStream:
         from streams.processor import publish_record
         from streams.records import StepEvent
 
-        last = trajectory.steps[-1] if trajectory.steps else None
-        n = last.index + 1 if last is not None else 0
-        seen = (last.result or Observation(text="")) if last is not None else Observation(
-            text=trajectory.task)
-        step = Step(step_id=str(n), index=n, observation=seen, action=action,
-                    result=Observation(text=result[:MAX_RESULT_CHARS]))
+        step = next_step(trajectory.steps[-1] if trajectory.steps else None, trajectory.task,
+                         action, result)
         event = StepEvent(trajectory_id=trajectory.trajectory_id, source="deployment",
                           step=step, meta={**(meta or {}), "vigil_forwarded": forwarded,
                                            "vigil_decision": check.decision if check

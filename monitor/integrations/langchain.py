@@ -25,6 +25,7 @@ from monitor.integrations.common import (
     StepStream,
     default_screen,
     stop_reason,
+    stops,
     tool_action,
     trajectory_from_calls,
 )
@@ -69,8 +70,7 @@ class VigilMiddleware(AgentMiddleware):  # type: ignore[misc]
                              pending=str(call.get("id")))
         action = tool_action(call["name"], call.get("args"))
         got = (self._screen or default_screen(self._policy))(traj, action)
-        stop = got.decision == "block" or (got.decision == "escalate"
-                                           and self._escalate == "reject")
+        stop = stops(got, self._escalate)
         if stop:
             out = ToolMessage(content=stop_reason(call["name"], got),
                               tool_call_id=str(call.get("id")), name=call["name"],

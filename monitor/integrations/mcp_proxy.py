@@ -37,10 +37,11 @@ from monitor.integrations.common import (
     MAX_STEPS,
     Screen,
     StepStream,
+    next_step,
     tool_action,
 )
 from monitor.pipeline import ActionCheck
-from streams.records import Action, Observation, Step, Trajectory
+from streams.records import Action, Step, Trajectory
 
 Log = Callable[[str], None]
 
@@ -67,11 +68,8 @@ class McpSession:
         return tool_action(name, arguments, server=self.server)
 
     def record(self, action: Action, result: str) -> Step:
-        prior = self.steps[-1] if self.steps else None
-        n = prior.index + 1 if prior is not None else 0  # ids keep counting past the cut
-        step = Step(step_id=str(n), index=n,
-                    observation=(prior.result if prior else None) or Observation(text=""),
-                    action=action, result=Observation(text=result))
+        # ids keep counting past the cut
+        step = next_step(self.steps[-1] if self.steps else None, "", action, result)
         self.steps.append(step)
         del self.steps[:-MAX_STEPS]  # the screeners read the last few; memory stays bounded
         return step

@@ -30,6 +30,7 @@ from monitor.integrations.common import (
     StepStream,
     default_screen,
     stop_reason,
+    stops,
     tool_action,
     trajectory_from_calls,
 )
@@ -111,7 +112,7 @@ def guard(agent: Any, *, screen: Screen | None = None, policy: str | None = None
         action = tool_action(ctx.tool_name, ctx.tool_arguments)
         traj = so_far(ctx)
         got = (screen or default_screen(policy))(traj, action)
-        stop = got.decision == "block" or (got.decision == "escalate" and escalate == "reject")
+        stop = stops(got, escalate)
         info = {"decision": got.decision, "tier": got.tier, "score": got.score,
                 "rule": got.rule}
         if not stop:  # recorded with its output, by the output guardrail
