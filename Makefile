@@ -52,19 +52,25 @@ services:
 # The default models shipped in vigil/shipped/: the full defaults the benches measure, built
 # in a fresh VIGIL_HOME by the CLI a user runs (the corpus, `monitor calibrate --defaults`:
 # world model, provenance, probes, their cross-fit folds, the L2 judge by the default recipe,
-# the calibrated policy), then packed (policy + bundles + manifest; the judge as int4 deltas of
+# the calibrated policy), its trajectory verdict re-fitted on the val runs of every corpus
+# (`monitor calibrate --runs`: long runs as well as short, each corpus a domain), then packed (policy + bundles + manifest; the judge as int4 deltas of
 # its changed blocks, about 57 MB). An hour or two on 2 cores; not part of `make test`. The
 # Gemma-3-270M conversion under $(MODELS_HOME)/models is kept (a frozen model, not a trained
 # one); every trained bundle is rebuilt.
 MODELS_HOME ?= $(CURDIR)/build/models-home
+CORPORA := agentdojo toolemu miniwob openagentsafety stepshield
 models: install
 	mkdir -p $(MODELS_HOME)/models
 	find $(MODELS_HOME)/models -mindepth 1 -maxdepth 1 ! -name gemma-3-270m-hf -exec rm -rf {} +
-	for d in agentdojo toolemu miniwob openagentsafety stepshield; do \
+	for d in $(CORPORA); do \
 		test -f $(MODELS_HOME)/data/$$d/manifest.json || \
 			VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor worldmodel build-data $$d || exit 1; \
 	done
 	VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor calibrate --defaults
+	VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor calibrate --split val \
+		--runs $(foreach d,$(CORPORA),$(MODELS_HOME)/data/$(d)/trajectories.jsonl) \
+		--policy $(MODELS_HOME)/models/policy.json --out $(MODELS_HOME)/models/policy.runs.json
+	mv $(MODELS_HOME)/models/policy.runs.json $(MODELS_HOME)/models/policy.json
 	VIGIL_HOME=$(MODELS_HOME) $(VENV)/bin/monitor models pack
 	$(VENV)/bin/monitor models verify
 

@@ -19,7 +19,9 @@ worker (``monitor stream --metrics-port``)
     vigil_gate_budget{gate}                         share of all steps a gate may pass on
     vigil_gate_threshold{gate, kind}                calibrated and live (--adapt) thresholds, and
                                                     the ceiling the canaries' recall floor puts
-                                                    on the live one (NaN before 50 canaries)
+                                                    on the live one (NaN before 50 canaries);
+                                                    gate="trajectory": the rollout verdicts'
+                                                    trajectory threshold
     vigil_rollout_verdicts_total{quarantine}        per-execution verdicts for trainers
     vigil_pages_triggered_total{result}             trigger events sent (opened | deduplicated)
     vigil_canaries_injected_total{stream}           canary steps injected into a live stream

@@ -32,7 +32,7 @@ from monitor.tiers import (
     gate_metrics,
     threshold_for,
 )
-from monitor.trajectory import TrajectoryAggregation, aggregate, fit_aggregation
+from monitor.trajectory import DEFAULT_FORM, TrajectoryAggregation, aggregate, fit_aggregation
 from streams.records import Action, Observation, Step
 
 if TYPE_CHECKING:
@@ -529,6 +529,7 @@ def fit_trajectory_section(
     flagged = np.array([v[1] for v in verdicts])
     paged = np.array([any(flags[k]) for k in order])
     out.update(
+        form=DEFAULT_FORM,
         auroc=float(roc_auc_score(y, s)),
         auroc_max_step=float(roc_auc_score(y, [v[0] for v in fallback])),
         benign_share_flagged=float(flagged[y == 0].mean()),

@@ -170,6 +170,14 @@ class Screener:
                                             thresholds=thresholds)
         return self._climb(steps, rows, decisions, 1, through, proposal, thresholds)
 
+    def _thresholds_past(self, gates: int) -> list[float]:
+        """The gates' thresholds (live with ``--adapt``, else calibrated) for steps the first
+        ``gates`` gates passed already in an earlier stage: those are 0, not decided again."""
+        thresholds = list(self.live.thresholds() if self.live is not None else
+                          (g.threshold_for(False) for g in self.policy.gates))
+        thresholds[:gates] = [0.0] * gates
+        return thresholds
+
     def screen_escalated(self, steps: Sequence[ScreenStep], l0: Sequence[Mapping[str, float]],
                          *, through: int = 1) -> list[StepVerdict]:
         """Tiers 1 to ``through`` for steps an L0 stage has already escalated (the L1 stage of
@@ -178,9 +186,7 @@ class Screener:
         the gates from 1 on."""
         if not 1 <= through <= 2:
             raise ValueError(f"through must be 1 or 2, got {through}")
-        thresholds = list(self.live.thresholds() if self.live is not None else
-                          (g.threshold_for(False) for g in self.policy.gates))
-        thresholds[0] = 0.0  # passed already
+        thresholds = self._thresholds_past(1)
         rows = [dict(r) for r in l0]
         decisions = self.policy.decide_many(rows, through=0, thresholds=thresholds)
         return self._climb(steps, rows, decisions, 1, through, False, thresholds, first_gate=1)
@@ -239,9 +245,7 @@ class Screener:
         for row, v in zip(rows, reviews, strict=True):
             if v is not None:
                 row.update(v.signals())
-        thresholds = list(self.live.thresholds() if self.live is not None else
-                          (g.threshold_for(False) for g in self.policy.gates))
-        thresholds[0] = thresholds[1] = 0.0  # passed already
+        thresholds = self._thresholds_past(2)
         decisions = self.policy.decide_many(rows, through=2, thresholds=thresholds)
         self.page_rubrics(steps, decisions, rows, reviews)
         return [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from streams.records import Source, Step, StepEvent, Trajectory
@@ -160,3 +161,24 @@ class Scorer(Protocol):
         ...
 
     def score_steps(self, steps: Sequence[ScreenStep]) -> list[dict[str, float]]: ...
+
+
+def absolute_screens(traj: Trajectory, base: Path) -> Trajectory:
+    """``traj`` with its screenshot paths made absolute (a file's are relative to its folder,
+    ``base``)."""
+
+    def fix(obs: Any) -> Any:
+        shot = obs.screenshot if obs is not None else None
+        if not shot or shot.startswith("data:") or Path(shot).is_absolute():
+            return obs
+        return obs.model_copy(update={"screenshot": str(base / shot)})
+
+    if not any(
+        s.observation.screenshot or (s.result and s.result.screenshot) for s in traj.steps
+    ):
+        return traj
+    steps = [
+        s.model_copy(update={"observation": fix(s.observation), "result": fix(s.result)})
+        for s in traj.steps
+    ]
+    return traj.model_copy(update={"steps": steps})

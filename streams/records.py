@@ -281,6 +281,12 @@ class RolloutVerdict(Record):
         description="the execution timed out before its final step: the verdict covers "
         "only the steps that arrived",
     )
+    trajectory_score: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="the policy's trajectory verdict over every step's score (None: the "
+        "policy has no trajectory section); at or above the trajectory threshold it "
+        "quarantines the execution",
+    )
 
 
 class LabelRecord(Record):

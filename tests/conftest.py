@@ -124,3 +124,32 @@ def tiny_policy(
         )
 
     return built_once(tmp_path_factory, "policy", build) / "policy.json"
+
+
+@pytest.fixture(scope="session")
+def narrow_policy(
+    small_agentdojo: Path,
+    tiny_worldmodel_bundle: Path,
+    tiny_probe_bundle: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """The tiny policy with a narrow paging budget (so few benign trajectories are flagged by
+    a step) and a trajectory budget of 25 %: the trajectory threshold has a share to spend."""
+    from monitor.defaults import DefaultSizes, calibrate_default
+    from monitor.tiers import policy_config_from_dict
+
+    config = policy_config_from_dict(
+        {"trajectory_budget": 0.25,
+         "tiers": {"L0": {"budget": 0.5}, "L1": {"budget": 0.2},
+                   "L2": {"budget": 0.01, "signals": []}}}
+    )
+
+    def build(folder: Path) -> None:
+        calibrate_default(
+            config, [str(small_agentdojo)], folder / "policy.json",
+            models={"worldmodel": str(tiny_worldmodel_bundle),
+                    "probes": str(tiny_probe_bundle)},
+            sizes=DefaultSizes(1, (3,), 160, 300, 20), reviewer=False, log=lambda _: None,
+        )
+
+    return built_once(tmp_path_factory, "narrow-policy", build) / "policy.json"

@@ -160,6 +160,7 @@ records = st.one_of(
         score=unit,
         reasons=st.lists(text, max_size=3),
         step_ids=st.lists(ident, max_size=3),
+        trajectory_score=st.none() | unit,
     ),
     st.builds(
         LabelRecord,

@@ -18,26 +18,6 @@ if TYPE_CHECKING:
     from streams.records import Trajectory
 
 
-def _absolute_screens(traj: Trajectory, base: Path) -> Trajectory:
-    """Screenshot paths are relative to the input file; make them absolute."""
-
-    def fix(obs: Any) -> Any:
-        shot = obs.screenshot if obs is not None else None
-        if not shot or shot.startswith("data:") or Path(shot).is_absolute():
-            return obs
-        return obs.model_copy(update={"screenshot": str(base / shot)})
-
-    if not any(
-        s.observation.screenshot or (s.result and s.result.screenshot) for s in traj.steps
-    ):
-        return traj
-    steps = [
-        s.model_copy(update={"observation": fix(s.observation), "result": fix(s.result)})
-        for s in traj.steps
-    ]
-    return traj.model_copy(update={"steps": steps})
-
-
 def trajectory_line(
     traj: Trajectory,
     verdicts: list[StepVerdict],
@@ -125,9 +105,14 @@ def screen_batch(screener: Screener, batch: list[Trajectory], through: int
         lines.append(line)
         i += len(t.steps)
     if live is not None:  # a run a step pages is flagged already: it spends the budget too
-        live.observe_trajectories([PAGED if any(s["flagged"] for s in line["steps"])
-                                   else line["score"] for line in lines],
-                                  ["real"] * len(lines))
+        from dashboards.canary import is_canary
+
+        # a harmful canary run sets the recall floor; a benign canary replays training runs
+        kinds = [("canary" if t.harmful else "replay") if is_canary(t.meta) else "real"
+                 for t in batch]
+        live.observe_trajectories([PAGED if any(s["flagged"] for s in line["steps"]) and
+                                   kind == "real" else line["score"]
+                                   for line, kind in zip(lines, kinds, strict=True)], kinds)
     return lines
 
 
@@ -135,13 +120,14 @@ def _batches(path: Path, batch_steps: int) -> Iterator[list[Trajectory]]:
     """``path``'s trajectories in batches of about ``batch_steps`` steps, read as needed: a
     first batch of 16 steps doubling up to ``batch_steps`` (the first lines come out while
     the models warm up)."""
+    from monitor.screening import absolute_screens
     from streams.records import Trajectory, read_jsonl
 
     pending: list[Trajectory] = []
     n_pending = 0
     size = min(16, batch_steps)
     for t in read_jsonl(path, Trajectory, rejected=lambda *_: None):  # counted before
-        pending.append(_absolute_screens(t, path.parent))
+        pending.append(absolute_screens(t, path.parent))
         n_pending += len(t.steps)
         if n_pending >= size:
             yield pending
@@ -337,9 +323,12 @@ def cmd_screen(args: argparse.Namespace) -> int:
                   f"target {g['target_share']:.1%})", file=sys.stderr)
         tg = screener.live.trajectory_status()
         if tg is not None:
+            floor = (f"; canaries' recall floor stops it at {tg['ceiling']:.4f}, "
+                     f"{tg['canaries_seen']:.0f} harmful canary runs"
+                     if tg["canaries_seen"] else "")
             print(f"adapted trajectory threshold: {tg['calibrated']:.4f} -> "
                   f"{tg['threshold']:.4f} (flags {tg['window_share']:.1%} of the last "
-                  f"{tg['seen']} trajectories; target {tg['target_share']:.1%})",
+                  f"{tg['seen']} trajectories; target {tg['target_share']:.1%}{floor})",
                   file=sys.stderr)
     return REJECTED_EXIT if bad else 0
 
@@ -377,13 +366,67 @@ def _calibrate_benign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_runs(args: argparse.Namespace) -> int:
+    """``monitor calibrate --runs FILE...``: the policy's trajectory verdict re-fitted on
+    labelled runs (:mod:`monitor.trajectory_fit`), everything else kept."""
+    from monitor.defaults import ensure_policy
+    from monitor.pipeline import load_screener
+    from monitor.screening import absolute_screens
+    from monitor.trajectory_fit import describe, pick_runs, refit_trajectory, run_domain, score_runs
+    from streams.records import Trajectory, read_jsonl
+
+    if args.split and args.split.startswith("test"):
+        raise ValueError(f"--split {args.split}: test splits are held out; fit on train or val")
+    pairs = []
+    for name in args.runs:  # every file read (a bad line: one sentence) before any model
+        src = Path(name)
+        if not src.exists():
+            raise FileNotFoundError(f"{src}: no such file")
+        for t in read_jsonl(src, Trajectory):
+            split = (t.meta or {}).get("split")
+            if args.split and split != args.split or str(split).startswith("test"):
+                continue
+            if t.harmful is None:
+                raise ValueError(f"{src}: run {t.trajectory_id!r} has no label (0 benign, 1 "
+                                 "harmful, on the run or its steps); the trajectory verdict "
+                                 "is fitted on labelled runs")
+            pairs.append((run_domain(t, src.stem), absolute_screens(t, src.parent)))
+    by = pick_runs(pairs, max_runs=args.max_runs)
+    if not by:
+        raise ValueError(f"no runs in {' '.join(args.runs)}"
+                         + (f" with meta.split {args.split!r}" if args.split else ""))
+    policy = ensure_policy(args.policy)
+    out = Path(args.out) if args.out else vigil.paths.policy()
+    if out.resolve() == Path(policy).resolve() or not args.out and out.exists():
+        raise ValueError(f"{out} exists: name where the re-fitted policy goes with --out "
+                         "(the policy it starts from is kept)")
+    print(f"re-fitting the trajectory verdict of {policy} on {sum(map(len, by.values()))} "
+          f"runs of {len(by)} domains", file=sys.stderr)
+    screener = load_screener(policy, reviewer=not args.no_review)
+    scored = {d: score_runs(screener, d, ts, through=1 if args.no_review else 2)
+              for d, ts in by.items()}
+    refit, report = refit_trajectory(screener.policy, scored, form=args.form,
+                                     threshold_by=args.threshold_by,
+                                     source=" ".join(Path(n).name for n in args.runs))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    refit.save(out)
+    for line in describe(report):
+        print(line, file=sys.stderr)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``monitor calibrate``: fit the tier policy (``--defaults``: build what is missing first)."""
     from monitor.defaults import FULL, SMALL, calibrate_default, prepare_defaults
     from monitor.tiers import load_policy_config
 
+    if args.benign and args.runs:
+        raise ValueError("--benign and --runs re-fit different parts; run them one at a time")
     if args.benign:
         return _calibrate_benign(args)
+    if args.runs:
+        return _calibrate_runs(args)
     config = load_policy_config(args.config)
     if args.defaults:
         prepare_defaults(small=args.small, config=config)
@@ -489,6 +532,24 @@ def add_parser(sub: Any) -> None:
                    help="your own known-good runs (trajectories, one a line): keep --policy's "
                    "models and weights, move only its thresholds to hold each budget on "
                    "these runs, write the result to --out and report what changed")
-    c.add_argument("--policy", help="with --benign: the policy to start from (default: as "
-                   "monitor screen picks it)")
+    c.add_argument("--runs", nargs="+", metavar="FILE",
+                   help="labelled runs (trajectories with label 0 or 1, one a line): keep "
+                   "--policy's models, gates and step thresholds, re-fit only its trajectory "
+                   "verdict (form, weights, threshold at the trajectory budget of the benign "
+                   "runs) on these runs screened with it; with two domains or more, report "
+                   "each form on each domain left out")
+    c.add_argument("--split", help="with --runs: only runs whose meta.split is this")
+    c.add_argument("--max-runs", type=int, default=120, metavar="N",
+                   help="with --runs: at most N runs a domain (an AgentDojo suite, a corpus, "
+                   "or a file), harmful and benign in proportion (default 120)")
+    c.add_argument("--form", default="null", choices=["legacy", "max", "null", "null_max"],
+                   help="with --runs: the trajectory verdict's form (default null: "
+                   "length-aware, see monitor.trajectory)")
+    c.add_argument("--threshold-by", choices=["pooled", "domain"], default="domain",
+                   help="with --runs: the trajectory threshold flags at most its budget of "
+                   "each domain's benign runs (domain, the default: the highest of their "
+                   "thresholds, over domains with 20 benign runs or more), or of all the "
+                   "benign runs together (pooled)")
+    c.add_argument("--policy", help="with --benign or --runs: the policy to start from "
+                   "(default: as monitor screen picks it)")
     c.set_defaults(fn=cmd_calibrate)

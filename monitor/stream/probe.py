@@ -64,7 +64,9 @@ class ProbeStage:
         self.histories = StepHistories(history_trajectories)
         self.rollouts = RolloutVerdicts(topics, self.stats, report, metrics=metrics,
                                         execution_timeout_s=execution_timeout_s,
-                                        max_open_executions=max_open_executions)
+                                        max_open_executions=max_open_executions,
+                                        trajectory=screener.policy.trajectory,
+                                        live=screener.live)
         self.on_step = on_step
         self.report = report
         self.sketches = (None if screener.live is None else
@@ -173,6 +175,10 @@ class ProbeStage:
                 if k:
                     m.gate_threshold.labels(gate=f"L{k}", kind="live").set(g.threshold())
                     m.gate_threshold.labels(gate=f"L{k}", kind="ceiling").set(finite(g.ceiling()))
+            if (tg := self.screener.live.trajectory) is not None:
+                m.gate_threshold.labels(gate="trajectory", kind="live").set(tg.threshold())
+                m.gate_threshold.labels(gate="trajectory", kind="ceiling").set(
+                    finite(tg.ceiling()))
         now_ms = time.time() * 1000
         for (r, _), v, c in zip(got, verdicts, canary, strict=True):
             flag = "true" if c else "false"

@@ -145,6 +145,9 @@ class ScreenStage:
             for k, g in enumerate(screener.policy.gates):
                 metrics.gate_budget.labels(gate=f"L{k}").set(g.budget)
                 metrics.gate_threshold.labels(gate=f"L{k}", kind="calibrated").set(g.threshold)
+            if (t := screener.policy.trajectory) is not None and t.threshold <= 1:
+                metrics.gate_threshold.labels(gate="trajectory", kind="calibrated").set(
+                    t.threshold)
 
     def processor(self, bus: Bus, group_id: str, *, batch_size: int = 64) -> StreamProcessor:
         inputs: dict[str, type[Record]] = {self.topics.steps_rollout: StepEvent,

@@ -6,6 +6,12 @@ screens it again whole. One that goes quiet (no step for ``execution_timeout_s``
 wall clock or by the producer times of later records on its partition), or is the oldest
 of more than ``max_open_executions``, is closed with a verdict marked ``incomplete``; a
 step that arrives after that gets a second verdict keyed ``.../verdict/after-timeout``.
+
+With the policy's trajectory section, a verdict also carries the execution's
+``trajectory_score`` (:mod:`monitor.trajectory`, over every step's final score at this
+stage, kept in constant memory) and quarantines an execution whose score reaches the
+trajectory threshold: the calibrated one, or with ``--adapt`` the live one, which flags the
+trajectory budget of the executions this stage closed (:class:`monitor.adaptive.LiveGates`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from monitor.stream.stats import Report, WorkerStats, clip01
+from monitor.trajectory import RunningScores
 from streams.bus import Message
 from streams.config import Topics
 from streams.processor import Output, Positions
@@ -23,7 +30,9 @@ from streams.rollouts import QuietExecutions
 
 if TYPE_CHECKING:
     from dashboards.metrics import WorkerMetrics
+    from monitor.adaptive import LiveGates
     from monitor.pipeline import StepVerdict
+    from monitor.trajectory import TrajectoryAggregation
 
 
 @dataclass
@@ -34,6 +43,7 @@ class _Execution:
     score: float = 0.0
     reasons: dict[str, str] = field(default_factory=dict)  # step id -> why it counts
     after_timeout: bool = False  # steps of an execution that had timed out already
+    steps: RunningScores = field(default_factory=RunningScores)  # for the trajectory score
 
 
 class RolloutVerdicts:
@@ -50,8 +60,14 @@ class RolloutVerdicts:
         execution_timeout_s: float = 600.0,
         max_open_executions: int = 10_000,
         publish: bool = True,
+        trajectory: TrajectoryAggregation | None = None,
+        live: LiveGates | None = None,
     ) -> None:
+        """``trajectory``: the policy's trajectory section (None: no trajectory score);
+        ``live``: the stage's live gates, whose trajectory threshold then decides."""
         self.topics = topics
+        self.trajectory = trajectory
+        self.live = live
         self.publish = publish  # False: the open executions' commit hold only (L0 stage)
         self.stats = stats
         self.report = report
@@ -70,6 +86,12 @@ class RolloutVerdicts:
                 held[tp] = min(held.get(tp, off), off)
         return held
 
+    def trajectory_threshold(self) -> float:
+        """The threshold a trajectory score is flagged at: live (``--adapt``) or calibrated."""
+        assert self.trajectory is not None
+        live = None if self.live is None else self.live.trajectory_threshold()
+        return self.trajectory.threshold if live is None else live
+
     def close_quiet(self, now: float) -> list[Output]:
         """Verdicts, marked incomplete, for open executions that went quiet."""
         return [o for eid in self._quiet.quiet() for o in self.close(eid, now, timed_out=True)]
@@ -84,6 +106,7 @@ class RolloutVerdicts:
         ex.first[tp] = min(ex.first.get(tp, m.offset), m.offset)
         self._quiet.touch(eid, m)
         ex.score = max(ex.score, clip01(v.score))
+        ex.steps.add(clip01(v.score))
         if v.tier >= 2:
             ex.reasons[e.step.step_id] = (
                 f"step {e.step.step_id} reached L{v.tier} (score {v.score:.3f})"
@@ -109,14 +132,24 @@ class RolloutVerdicts:
                 self._timed_out.popitem(last=False)
             if self.metrics is not None:
                 self.metrics.rollout_timeouts.labels(stage="probe").inc()
+        reasons = list(ex.reasons.values())
+        traj_score = None
+        if self.trajectory is not None and ex.steps.n:
+            traj_score = self.trajectory.score(ex.steps)
+            threshold = self.trajectory_threshold()
+            if traj_score >= threshold:
+                reasons.append(f"trajectory score {traj_score:.3f} >= threshold {threshold:.3f}")
+            if self.live is not None:
+                self.live.observe_trajectories([traj_score], ["real"])
         verdict = RolloutVerdict(
             execution_id=eid,
-            quarantine=bool(ex.reasons),
+            quarantine=bool(reasons),
             score=ex.score,
-            reasons=list(ex.reasons.values()),
+            reasons=reasons,
             step_ids=list(ex.reasons),
             created_at=now,
             incomplete=partial,
+            trajectory_score=traj_score,
         )
         # a verdict on the steps after a timeout is a second verdict, not a repeat
         key = f"{eid}/verdict" + ("/after-timeout" if ex.after_timeout else "")

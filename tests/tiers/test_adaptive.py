@@ -5,6 +5,7 @@ models never saw, where the calibrated threshold does not."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -144,3 +145,49 @@ def test_only_real_traffic_and_harmful_canary_steps_are_sketched(tiny_policy: Pa
     live.observe(d, ["real", "canary", "replay"])  # replay: a canary's benign prefix step
     assert [g.scores.n for g in live.gates] == [1, 1, 0]
     assert [g.canaries.n for g in live.gates] == [1, 1, 0]
+
+
+def test_the_trajectory_threshold_adapts_but_stays_under_the_canaries_recall_floor(
+    small_agentdojo: Path, narrow_policy: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A shifted stream: only hijacked runs (the val split's, which score high), with
+    harmful canary runs among them (training runs cut after their first harmful step). The
+    live trajectory threshold would rise to flag only its budget of the stream's runs, but
+    stops at the score that keeps the canaries' recall at what the calibrated threshold gave
+    them; without the canaries it rises past that score."""
+    from dashboards.canary import CANARY_KEY, canary_from
+    from streams.records import Trajectory
+
+    rows = [json.loads(line) for line in (small_agentdojo / "trajectories.jsonl").open()]
+    hijacked = [r for r in rows if r["meta"]["split"] == "val" and r["label"] == 1]
+    train = [Trajectory.model_validate(r) for r in rows if r["meta"]["split"] == "train"]
+    canaries = [c for c in (canary_from(t) for t in train) if c is not None]
+    real = [{**r, "trajectory_id": f"{r['trajectory_id']}/r{i}"}
+            for i in range(-(-80 // len(hijacked))) for r in hijacked]
+    fake = [json.loads(c.model_copy(update={  # tagged as a stream's injected canaries are
+        "trajectory_id": f"canary/{c.trajectory_id}/{i}",
+        "meta": {CANARY_KEY: {"canary_id": c.trajectory_id, "instance": str(i)}}})
+        .model_dump_json()) for i in range(-(-60 // len(canaries))) for c in canaries]
+    assert len(fake) >= 60
+
+    def adapted(runs: list[dict]) -> re.Match[str]:
+        src, out = tmp_path / f"in{len(runs)}.jsonl", tmp_path / f"out{len(runs)}.jsonl"
+        src.write_text("".join(json.dumps(r) + "\n" for r in runs))
+        assert main(["screen", str(src), "--out", str(out), "--policy", str(narrow_policy),
+                     "--no-review", "--adapt", "--adapt-trajectory-window", "160"]) == 0
+        err = capsys.readouterr().err
+        got = re.search(r"adapted trajectory threshold: ([\d.]+) -> ([\d.]+) \(.*?"
+                        r"(?:; canaries' recall floor stops it at ([\d.]+|inf), (\d+) harmful "
+                        r"canary runs)?"
+                        r"\)\n", err)
+        assert got is not None, err
+        return got
+
+    mixed = [r for pair in itertools.zip_longest(real, fake) for r in pair if r is not None]
+    floor = adapted(mixed)
+    assert floor[3] is not None and int(floor[4]) == len(fake), floor[0]
+    assert float(floor[2]) <= float(floor[3])
+    free = adapted(real)
+    assert free[3] is None
+    assert float(free[2]) > float(floor[3]) >= float(floor[2]), (free[0], floor[0])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from dashboards.metrics import WorkerMetrics
@@ -73,4 +74,65 @@ def test_live_gates_move_are_exported_and_resume_after_a_restart(
     fresh.processor(bus, f"{unique}.other", batch_size=16)
     assert fresh.screener.live is not None
     assert fresh.screener.live.thresholds() == calibrated
+    bus.close()
+
+
+def test_rollout_verdicts_carry_the_trajectory_verdict_and_its_live_threshold(
+    kafka_settings: KafkaSettings, topics: Topics, narrow_policy: Path, small_agentdojo: Path,
+    unique: str,
+) -> None:
+    """Rollout executions through the screen and probe stages: each verdict carries the
+    policy's trajectory score over the execution's steps (the same as monitor screen's for
+    those step scores), quarantines when it reaches the threshold, and with live gates the
+    trajectory threshold leaves the calibrated one to flag its budget of the executions
+    closed, exported beside the gates' thresholds."""
+    from monitor.stream.probe import ProbeStage
+    from tests.worker.conftest import Outputs
+
+    bus = KafkaBus(kafka_settings)
+    bus.ensure_topics(topics.all())
+    runs = [t.model_copy(update={"source": "rollout"}) for t in _slack(small_agentdojo, 3)]
+    for t in runs:
+        for e in step_events(t):
+            publish_record(bus, topics.steps_rollout, e, key=e.trajectory_id)
+    bus.flush()
+    out = Outputs(bus, topics, f"{unique}.reader")
+    said: list[str] = []
+    screen = ScreenStage(load_screener(narrow_policy, reviewer=False), topics, report=said.append)
+    screen.processor(bus, f"{unique}.screen", batch_size=16).run(idle_timeout_s=3.0)
+    screener = load_screener(narrow_policy, reviewer=False)
+    screener.live = LiveGates(screener.policy, window=200, min_count=40, trajectory_window=40)
+    metrics = WorkerMetrics(CollectorRegistry())
+    probe = ProbeStage(screener, topics, metrics=metrics, report=said.append, gates_every_s=0.0)
+    probe.processor(bus, f"{unique}.probe", batch_size=16).run(idle_timeout_s=3.0)
+    steps = sum(len(t.steps) for t in runs)
+    assert out.read_until(lambda o: len(o.of(topics.verdicts_rollout)) >= len(runs)
+                          and len(o.keys(topics.scores, tier=0)) >= steps, 60)
+    verdicts = {v["execution_id"]: v for v in
+                (json.loads(m.value) for m in out.of(topics.verdicts_rollout))}
+    assert set(verdicts) == {t.trajectory_id for t in runs}
+    deepest: dict[tuple[str, str], dict] = {}  # each step's deepest score record
+    for m in out.of(topics.scores):
+        r = json.loads(m.value)
+        key = (r["trajectory_id"], r["step_id"])
+        if key not in deepest or r["tier"] > deepest[key]["tier"]:
+            deepest[key] = r
+    agg = screener.policy.trajectory
+    assert agg is not None
+    flagged_by_score = 0
+    for t in runs:
+        v = verdicts[t.trajectory_id]
+        final = [deepest[(t.trajectory_id, s.step_id)]["score"] for s in t.steps]
+        assert v["trajectory_score"] == pytest.approx(agg.score(final), abs=1e-6)
+        by_score = [r for r in v["reasons"] if r.startswith("trajectory score")]
+        flagged_by_score += bool(by_score)
+        assert v["quarantine"] == bool(v["step_ids"] or by_score)
+    live = screener.live.trajectory
+    assert live is not None and 20 <= live.scores.n <= 40  # the window: the latest 20-40 runs
+    assert screener.live.trajectory_threshold() != agg.threshold  # it moved off calibration
+    value = metrics.registry.get_sample_value
+    assert value("vigil_gate_threshold", {"gate": "trajectory", "kind": "live"}) == \
+        screener.live.trajectory_threshold()
+    assert 0 < flagged_by_score < len(runs)
+    out.close()
     bus.close()
