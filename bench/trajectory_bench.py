@@ -101,8 +101,8 @@ def plot(report: dict[str, Any], out: Path) -> None:
 
     from monitor.trajectory_fit import LENGTH_BINS
 
-    forms = list(report["forms"])
-    forms = [f for f in forms if f.endswith("/pooled")]
+    shown = ("legacy/pooled", "max/pooled", "null/pooled", "null/domain")
+    forms = [f for f in shown if f in report["forms"]]
     fig, axes = plt.subplots(1, len(forms), figsize=(4 * len(forms), 3.4), sharey=True)
     for ax, form in zip(np.atleast_1d(axes), forms, strict=True):
         for d, r in report["forms"][form]["folds"].items():

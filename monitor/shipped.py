@@ -65,6 +65,16 @@ def _code_version() -> str:
         return "unknown"
 
 
+def _local(recorded: str) -> Path:
+    """A dataset path as a bundle records it (``$VIGIL_HOME/...`` once packed) on this
+    machine: re-packing a shipped folder reads the same datasets under ``$VIGIL_HOME``."""
+    import vigil.paths
+
+    if recorded.startswith("$VIGIL_HOME/"):
+        return vigil.paths.home() / recorded.removeprefix("$VIGIL_HOME/")
+    return Path(recorded)
+
+
 def _text_files(dataset: Path) -> dict[str, str]:
     """SHA-256 of each JSON Lines file of a dataset, from its manifest ({} without one)."""
     f = dataset / "manifest.json"
@@ -156,7 +166,7 @@ def pack(policy_path: Path, out: Path, *, log: Any = print) -> dict[str, Any]:
         data["worldmodel"] = {Path(d).name: v["hash"] for d, v in used.items()}  # by name
         # the text files' own hashes: MiniWoB++ screenshots can differ by a pixel between
         # two recordings (a caret's blink), which changes a dataset's content hash
-        data["worldmodel_text"] = {Path(d).name: _text_files(Path(d)) for d in used}
+        data["worldmodel_text"] = {Path(d).name: _text_files(_local(d)) for d in used}
     for f in sorted(tmp.rglob("*.json")):  # records of where things were built: made portable
         f.write_text(json.dumps(portable(json.loads(f.read_text())), indent=2, sort_keys=True)
                      + "\n")

@@ -182,6 +182,9 @@ def read_on(agg: TrajectoryAggregation | None, runs: Sequence[ScoredRun]) -> dic
         "auroc": _auroc(y, s),
         "recall": float(flagged[~benign].mean()) if (~benign).any() else None,
         "benign_flagged": float(flagged[benign].mean()) if benign.any() else None,
+        # the steps of benign runs a step gate flags (would page a human), against L2's budget
+        "benign_steps_flagged": (float(np.mean([f for r in runs if r.label == 0
+                                                 for f in r.flags])) if benign.any() else None),
         "benign_flagged_by_length": {},
         "benign_score_length_spearman": _spearman(s[benign], length[benign]),
     }
