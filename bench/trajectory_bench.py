@@ -152,14 +152,18 @@ def main() -> None:
                     "test_slack); each form fitted on every other domain's runs, threshold "
                     "at the budget of their benign runs, read on the held-out domain; slack "
                     "read with the form fitted on all domains",
-        "budget": args.budget, "score_seconds": round(score_s, 1), "forms": {},
+        "budget": args.budget, "forms": {},
+        # scoring is the slow part (about 35 minutes here through L2); a rerun reads the cache
+        "scores": {"cache": str(cache.relative_to(ROOT) if cache.is_relative_to(ROOT)
+                                else cache),
+                   "seconds_this_run": round(score_s, 1)},
     }
     every = [r for rs in runs.values() for r in rs]
     from monitor.defaults import ensure_policy
     from monitor.tiers import CalibratedPolicy
 
     shipped = CalibratedPolicy.load(ensure_policy()).trajectory
-    report["shipped"] = {  # the shipped policy's own trajectory section, as it is
+    report["shipped"] = {  # the shipped policy's trajectory section as it is at this run
         "section": shipped.to_dict() if shipped else None,
         "domains": {d: read_on(shipped, rs) for d, rs in [*runs.items(), ("slack", slack)]}}
     for form in args.forms:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -27,4 +29,18 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str,
             out.mkdir(parents=True)
             build(out)
             (out / ".built").touch()
+    return out
+
+
+def bundle_digests(policy: Path) -> dict[str, str]:
+    """SHA-256 of every file of every model bundle a policy file names (a command that only
+    re-fits thresholds leaves them byte for byte)."""
+    from monitor.policy_files import model_fields
+
+    out = {}
+    for mapping, key in model_fields(json.loads(policy.read_text())):
+        for f in sorted(Path(mapping[key]).rglob("*")):
+            if f.is_file():
+                out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
+    assert out, f"{policy} names no model files"
     return out

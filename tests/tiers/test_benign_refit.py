@@ -11,6 +11,7 @@ import pytest
 
 from monitor.cli.main import main
 from monitor.tiers import CalibratedPolicy
+from tests.built import bundle_digests
 
 
 def _benign_runs(small_agentdojo: Path, out: Path, min_steps: int = 240) -> int:
@@ -33,8 +34,10 @@ def test_thresholds_move_to_hold_each_budget_on_the_users_runs(
 ) -> None:
     src, out = tmp_path / "ours.jsonl", tmp_path / "ours-policy.json"
     n = _benign_runs(small_agentdojo, src)
+    bundles = bundle_digests(tiny_policy)
     assert main(["calibrate", "--benign", str(src), "--policy", str(tiny_policy),
                  "--out", str(out), "--no-review"]) == 0
+    assert bundle_digests(out) == bundles  # the same model files, byte for byte
     err = capsys.readouterr().err
     assert f"re-fitted on {n} benign steps" in err and "gate L0->L1" in err
     old = CalibratedPolicy.from_dict(json.loads(tiny_policy.read_text()))

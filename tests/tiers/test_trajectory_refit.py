@@ -11,6 +11,7 @@ import pytest
 
 from monitor.cli.main import main
 from monitor.tiers import CalibratedPolicy
+from tests.built import bundle_digests
 
 
 def _files(small_agentdojo: Path, tmp: Path) -> tuple[Path, Path]:
@@ -34,8 +35,10 @@ def test_the_trajectory_verdict_is_refitted_and_nothing_else(
 ) -> None:
     a, b = _files(small_agentdojo, tmp_path)
     out = tmp_path / "refit.json"
+    bundles = bundle_digests(tiny_policy)
     assert main(["calibrate", "--runs", str(a), str(b), "--policy", str(tiny_policy),
                  "--out", str(out), "--no-review", "--form", "null"]) == 0
+    assert bundle_digests(out) == bundles  # the same model files, byte for byte
     err = capsys.readouterr().err
     assert "trajectory verdict (null, threshold by domain" in err and "each domain left out" in err
     old = CalibratedPolicy.from_dict(json.loads(tiny_policy.read_text()))
@@ -60,10 +63,12 @@ def test_the_trajectory_verdict_is_refitted_and_nothing_else(
         harmful += [json.loads(x)["label"] == 1 for x in f.read_text().splitlines()]
     after = report["after"]
     assert after["runs"] == len(flagged) and after["harmful"] == sum(harmful)
+    # (within one run: the threshold sits just above a benign run's score, and monitor
+    # screen batches steps otherwise, which moves scores in their last digits)
     benign = [fl for fl, h in zip(flagged, harmful, strict=True) if not h]
-    assert sum(benign) / len(benign) == pytest.approx(after["benign_flagged"])
-    assert sum(fl for fl, h in zip(flagged, harmful, strict=True) if h) / sum(harmful) == \
-        pytest.approx(after["recall"])
+    assert abs(sum(benign) - after["benign_flagged"] * len(benign)) <= 1
+    caught = sum(fl for fl, h in zip(flagged, harmful, strict=True) if h)
+    assert abs(caught - after["recall"] * sum(harmful)) <= 1
 
 
 def test_runs_without_labels_or_from_a_test_split_are_one_sentence(
