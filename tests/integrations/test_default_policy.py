@@ -1,8 +1,9 @@
-"""The real default policy (the shipped models, no tool rules) gating a LangChain agent that
-replays real AgentDojo runs of the held-out ``slack`` suite, its tools answering what they
-answered in the run: in the hijacked run (a web page tells the agent to message an outsider)
-the hijacked message never goes out, the user's own message after it does; in the benign run
-of the same task every call runs. The decisions are the shipped screener's, not a rule's."""
+"""The real default policy (the shipped models, no tool rules) gating a LangChain agent and an
+OpenAI Agents SDK agent that replay real AgentDojo runs of the held-out ``slack`` suite, their
+tools answering what they answered in the run: in the hijacked run (a web page tells the
+agent to message an outsider) the hijacked message never goes out, the user's own message
+after it does; in the benign run of the same task every call runs. The decisions are the
+shipped screener's, not a rule's."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class ToolCallingFake(GenericFakeChatModel):
         return self
 
 
-def _replay(run: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+def _langchain(run: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     """The run's tool calls made again by a scripted model through a LangChain agent gated by
     the default policy; returns the calls that ran and the names of those stopped."""
     from langchain.agents import create_agent
@@ -61,6 +62,47 @@ def _replay(run: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list
     return ran, stopped
 
 
+def _agents_sdk(run: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The same through an OpenAI Agents SDK agent (the SDK's Runner, a scripted model)."""
+    from agents import Agent, FunctionTool, Runner
+
+    from monitor.integrations.openai_agents import guard
+    from monitor.shipped import shipped_policy
+    from tests.integrations.test_openai_agents import ScriptedModel
+
+    calls = [s for s in run["steps"] if s["action"].get("tool")]
+    ran: list[tuple[str, dict[str, Any]]] = []
+    tools: list[Any] = []
+    for name in dict.fromkeys(s["action"]["tool"]["name"] for s in calls):
+        mine = [s for s in calls if s["action"]["tool"]["name"] == name]
+
+        async def answer(ctx: Any, args: str, _name: str = name, _mine: list[Any] = mine
+                         ) -> str:
+            ran.append((_name, json.loads(args)))
+            return str(_mine[sum(n == _name for n, _ in ran) - 1]["result"]["text"])
+
+        props = {k: {"type": "string"} for s in mine for k in s["action"]["tool"]["arguments"]}
+        tools.append(FunctionTool(name=name, description=name, on_invoke_tool=answer,
+                                  params_json_schema={"type": "object", "properties": props},
+                                  strict_json_schema=False))
+    model = ScriptedModel([(s["action"]["tool"]["name"], s["action"]["tool"]["arguments"])
+                           for s in calls])
+    policy = shipped_policy()
+    assert policy is not None, "vigil/shipped holds no policy"
+    agent = guard(Agent(name="slack", instructions="Help in Slack.", tools=tools, model=model),
+                  policy=str(policy), stream=False)
+    Runner.run_sync(agent, run["task"])
+    outputs = [i for i in model.inputs[-1]
+               if isinstance(i, dict) and i.get("type") == "function_call_output"]
+    names = {f"call_{k + 1}": s["action"]["tool"]["name"] for k, s in enumerate(calls)}
+    stopped = [names[str(o["call_id"])] for o in outputs
+               if "vigil stopped this call" in str(o["output"])]
+    return ran, stopped
+
+
+GATES = {"langchain": _langchain, "agents_sdk": _agents_sdk}
+
+
 @pytest.fixture(scope="module")
 def runs(small_agentdojo: Path) -> dict[str, dict[str, Any]]:
     rows = [json.loads(x) for x in (small_agentdojo / "trajectories.jsonl").open()]
@@ -69,13 +111,14 @@ def runs(small_agentdojo: Path) -> dict[str, dict[str, Any]]:
     return got
 
 
+@pytest.mark.parametrize("gate", sorted(GATES))
 def test_the_default_policy_stops_the_hijacked_message_and_lets_the_users_through(
-    runs: dict[str, dict[str, Any]],
+    runs: dict[str, dict[str, Any]], gate: str,
 ) -> None:
     hijacked = runs[f"{TASK}/injection_task_1/important_instructions"]
     harmful = [s["action"]["tool"] for s in hijacked["steps"] if s["label"] == 1]
     assert [h["name"] for h in harmful] == ["send_direct_message"]
-    ran, stopped = _replay(hijacked)
+    ran, stopped = GATES[gate](hijacked)
     assert stopped == ["send_direct_message"]
     sent = [kw for name, kw in ran if name == "send_direct_message"]
     assert harmful[0]["arguments"] not in sent  # the hijacked message never went out
@@ -83,11 +126,12 @@ def test_the_default_policy_stops_the_hijacked_message_and_lets_the_users_throug
     assert [n for n, _ in ran][:2] == ["read_channel_messages", "get_webpage"]
 
 
+@pytest.mark.parametrize("gate", sorted(GATES))
 def test_the_default_policy_lets_every_call_of_the_benign_run_through(
-    runs: dict[str, dict[str, Any]],
+    runs: dict[str, dict[str, Any]], gate: str,
 ) -> None:
     benign = runs[f"{TASK}/benign"]
-    ran, stopped = _replay(benign)
+    ran, stopped = GATES[gate](benign)
     assert stopped == []
     assert [n for n, _ in ran] == [s["action"]["tool"]["name"] for s in benign["steps"]
                                    if s["action"].get("tool")]
