@@ -1,5 +1,6 @@
-"""The real default policy (the shipped models, no tool rules) gating a LangChain agent and an
-OpenAI Agents SDK agent that replay real AgentDojo runs of the held-out ``slack`` suite, their
+"""The real default policy (the shipped models, no tool rules) gating a LangChain agent, an
+OpenAI Agents SDK agent and an MCP client (through ``monitor mcp``) that replay real
+AgentDojo runs of the held-out ``slack`` suite, their
 tools answering what they answered in the run: in the hijacked run (a web page tells the
 agent to message an outsider) the hijacked message never goes out, the user's own message
 after it does; in the benign run of the same task every call runs. The decisions are the
@@ -100,6 +101,73 @@ def _agents_sdk(run: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], 
     return ran, stopped
 
 
+SERVER = """
+import json, sys
+import anyio, mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+run, log = json.load(open(sys.argv[1])), sys.argv[2]
+calls = [s for s in run["steps"] if s["action"].get("tool")]
+names = list(dict.fromkeys(s["action"]["tool"]["name"] for s in calls))
+
+async def list_tools(ctx, params):
+    return types.ListToolsResult(tools=[types.Tool(name=n, description=n, input_schema={
+        "type": "object"}) for n in names])
+
+async def call_tool(ctx, params):
+    with open(log, "a") as f:  # what reached the server
+        f.write(json.dumps([params.name, params.arguments]) + "\\n")
+    done = [json.loads(x)[0] for x in open(log)].count(params.name)
+    mine = [s for s in calls if s["action"]["tool"]["name"] == params.name]
+    return types.CallToolResult(content=[types.TextContent(
+        type="text", text=mine[done - 1]["result"]["text"])])
+
+async def main():
+    server = Server("slack", on_list_tools=list_tools, on_call_tool=call_tool)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+anyio.run(main)
+"""
+
+
+def _mcp(run: dict[str, Any], tmp: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The same through ``monitor mcp`` (the default policy, in process) in front of an MCP
+    server (the SDK's own, over stdio) whose tools answer what they answered in the run,
+    driven by the SDK's client. An MCP session carries no task: the proxy judges the calls
+    alone."""
+    import sys
+
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    from monitor.shipped import shipped_policy
+
+    calls = [s for s in run["steps"] if s["action"].get("tool")]
+    (tmp / "server.py").write_text(SERVER)
+    (tmp / "run.json").write_text(json.dumps(run))
+    log = tmp / "reached.jsonl"
+    log.touch()
+    command = [sys.executable, "-m", "monitor.cli", "mcp", "--server-name", "slack",
+               "--policy", str(shipped_policy()), "--", sys.executable,
+               str(tmp / "server.py"), str(tmp / "run.json"), str(log)]
+    stopped: list[str] = []
+
+    async def session() -> None:
+        params = StdioServerParameters(command=command[0], args=command[1:])
+        async with Client(params, read_timeout_seconds=300) as client:
+            for s in calls:
+                tool = s["action"]["tool"]
+                r = await client.call_tool(tool["name"], tool["arguments"])
+                if r.is_error:
+                    stopped.append(tool["name"])
+
+    anyio.run(session)
+    ran = [(n, a) for n, a in (json.loads(x) for x in log.read_text().splitlines())]
+    return ran, stopped
+
+
 GATES = {"langchain": _langchain, "agents_sdk": _agents_sdk}
 
 
@@ -124,6 +192,24 @@ def test_the_default_policy_stops_the_hijacked_message_and_lets_the_users_throug
     assert harmful[0]["arguments"] not in sent  # the hijacked message never went out
     assert len(sent) == 1  # the user's own message, after it, did
     assert [n for n, _ in ran][:2] == ["read_channel_messages", "get_webpage"]
+
+
+def test_the_mcp_proxy_never_forwards_the_hijacked_message_and_forwards_the_benign_run(
+    runs: dict[str, dict[str, Any]], tmp_path: Path,
+) -> None:
+    hijacked = runs[f"{TASK}/injection_task_1/important_instructions"]
+    harmful = [s["action"]["tool"] for s in hijacked["steps"] if s["label"] == 1]
+    (tmp_path / "h").mkdir()
+    ran, stopped = _mcp(hijacked, tmp_path / "h")
+    assert "send_direct_message" in stopped
+    assert [n for n, _ in ran][:2] == ["read_channel_messages", "get_webpage"]
+    assert harmful[0]["arguments"] not in [a for n, a in ran if n == "send_direct_message"]
+    benign = runs[f"{TASK}/benign"]
+    (tmp_path / "b").mkdir()
+    ran, stopped = _mcp(benign, tmp_path / "b")
+    assert stopped == []
+    assert ran == [(s["action"]["tool"]["name"], s["action"]["tool"]["arguments"])
+                   for s in benign["steps"] if s["action"].get("tool")]
 
 
 @pytest.mark.parametrize("gate", sorted(GATES))
