@@ -9,6 +9,7 @@ shipped screener's, not a rule's."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,14 @@ class ToolCallingFake(GenericFakeChatModel):
         return self
 
 
-def _langchain(run: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+Build = Callable[[Any, list[Any]], Any]  # (model, tools) -> a gated agent
+
+
+def _langchain(run: dict[str, Any], build: Build | None = None
+               ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     """The run's tool calls made again by a scripted model through a LangChain agent gated by
-    the default policy; returns the calls that ran and the names of those stopped."""
+    the default policy (``build``: how the agent is made from the model and the tools);
+    returns the calls that ran and the names of those stopped."""
     from langchain.agents import create_agent
     from langchain_core.tools import StructuredTool
 
@@ -55,15 +61,17 @@ def _langchain(run: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], l
               for i, s in enumerate(calls)] + [AIMessage(content="Done.")]
     policy = shipped_policy()
     assert policy is not None, "vigil/shipped holds no policy"
-    agent = create_agent(ToolCallingFake(messages=iter(script)), tools=list(tools.values()),
-                         middleware=[VigilMiddleware(policy=str(policy), stream=False)])
+    build = build or (lambda model, tools: create_agent(model, tools=tools, middleware=[
+        VigilMiddleware(policy=str(policy), stream=False)]))
+    agent = build(ToolCallingFake(messages=iter(script)), list(tools.values()))
     out = agent.invoke({"messages": [HumanMessage(run["task"])]})
     stopped = [str(m.name) for m in out["messages"]
                if isinstance(m, ToolMessage) and m.status == "error"]
     return ran, stopped
 
 
-def _agents_sdk(run: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+def _agents_sdk(run: dict[str, Any], build: Build | None = None
+                ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     """The same through an OpenAI Agents SDK agent (the SDK's Runner, a scripted model)."""
     from agents import Agent, FunctionTool, Runner
 
@@ -90,9 +98,10 @@ def _agents_sdk(run: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], 
                            for s in calls])
     policy = shipped_policy()
     assert policy is not None, "vigil/shipped holds no policy"
-    agent = guard(Agent(name="slack", instructions="Help in Slack.", tools=tools, model=model),
-                  policy=str(policy), stream=False)
-    Runner.run_sync(agent, run["task"])
+    build = build or (lambda model, tools: guard(
+        Agent(name="slack", instructions="Help in Slack.", tools=tools, model=model),
+        policy=str(policy), stream=False))
+    Runner.run_sync(build(model, tools), run["task"])
     outputs = [i for i in model.inputs[-1]
                if isinstance(i, dict) and i.get("type") == "function_call_output"]
     names = {f"call_{k + 1}": s["action"]["tool"]["name"] for k, s in enumerate(calls)}
