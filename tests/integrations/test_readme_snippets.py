@@ -76,3 +76,52 @@ def test_the_agents_sdk_and_langchain_snippets_stop_a_hijacked_call(
         ran, stopped = gate(hijacked, build)
         assert stopped == ["send_direct_message"], gate.__name__
         assert len([n for n, _ in ran if n == "send_direct_message"]) == 1
+
+
+def test_the_claude_code_http_hook_config_reaches_the_service(tmp_path: Path) -> None:
+    """The README's HTTP hook config as Claude Code reads it (``$VIGIL_TOKEN`` from the
+    environment, as ``allowedEnvVars`` lets it; the README's "the same hook" filled in): its
+    URL and headers reach the service's hook endpoint (screening with the default policy),
+    which answers a PreToolUse and learns from a PostToolUse."""
+    import io
+    from urllib.parse import urlparse
+
+    from fastapi.testclient import TestClient
+
+    from monitor.service.app import create_app
+    from monitor.service.auth import provision_store
+    from tests.service.conftest import Service
+
+    text = snippet("judges the next call in the session")
+    pre = re.search(r'"PreToolUse": (\[.*\]\}\]\}\]),\n', text, re.S)
+    assert pre is not None, text
+    config = json.loads(text.replace("[...the same hook...]", pre[1]))
+    posts = []
+    for event in ("PreToolUse", "PostToolUse"):
+        [hook] = config["hooks"][event][0]["hooks"]
+        assert hook["type"] == "http" and hook["allowedEnvVars"] == ["VIGIL_TOKEN"]
+        posts.append((event, hook))
+    url = f"sqlite:///{tmp_path}/paging.db"
+    issued = provision_store(url, {"producer-1": "producer"})
+    store = Service(url, {name[:-2]: token for name, token in issued.items()})
+    token = store.auth("producer")["Authorization"].removeprefix("Bearer ")
+    from monitor.pipeline import load_screener
+    from monitor.shipped import shipped_policy
+
+    # `monitor serve --screen-policy` with the default (shipped) policy
+    app = create_app(store.settings(), console=io.StringIO(),
+                     screener=load_screener(shipped_policy(), reviewer=False))
+    base = {"session_id": "readme", "transcript_path": "/nowhere", "cwd": "/work",
+            "tool_name": "Read", "tool_input": {"file_path": "notes.txt"}}
+    with TestClient(app) as c:
+        for event, hook in reversed(posts):  # a finished call first, then the next one
+            headers = {k: v.replace("$VIGIL_TOKEN", token) for k, v in hook["headers"].items()}
+            payload = {**base, "hook_event_name": event,
+                       **({"tool_response": {"content": "ok"}} if event == "PostToolUse"
+                          else {})}
+            r = c.post(urlparse(hook["url"]).path, headers=headers, json=payload)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got == {} or got["hookSpecificOutput"]["hookEventName"] == event
+        [step] = app.state.claude_code_sessions.trajectory(base).steps
+        assert step.action.tool is not None and step.action.tool.name == "Read"
