@@ -40,30 +40,21 @@ sys.path.insert(0, str(ROOT))
 from bench.machine import machine, write_report  # noqa: E402
 from vigil import paths  # noqa: E402
 
-AGENTDOJO_TRAINING = ("banking", "travel", "workspace")
-
 
 def corpus_runs(max_runs: int, seed: int) -> dict[str, list[Any]]:
-    """The runs each domain is scored on: ``val`` of every corpus, ``test_slack`` as
-    ``slack``; at most ``max_runs`` a domain, a seeded sample keeping the label shares."""
-    from monitor.screening import absolute_screens
-    from monitor.trajectory_fit import CORPORA, pick_runs, run_domain
-    from streams.records import Trajectory, read_jsonl
+    """The runs each domain is scored on: ``val`` of every corpus (as ``monitor calibrate
+    --runs --split val`` reads them), AgentDojo's ``test_slack`` as ``slack`` (reported only);
+    at most ``max_runs`` a domain, a seeded sample keeping the label shares."""
+    from monitor.trajectory_fit import CORPORA, pick_runs, read_runs
 
     pairs = []
     for corpus in CORPORA:
         path = paths.dataset(corpus) / "trajectories.jsonl"
         if not path.exists():
             raise SystemExit(f"{path} is missing: monitor worldmodel build-data {corpus}")
-        for t in read_jsonl(path, Trajectory):
-            t = absolute_screens(t, path.parent)
-            split = (t.meta or {}).get("split")
-            d = run_domain(t, corpus)
-            if corpus == "agentdojo" and split == "test_slack":
-                pairs.append(("slack", t))
-            elif split == "val" and (corpus != "agentdojo"
-                                     or d.split("/")[1] in AGENTDOJO_TRAINING):
-                pairs.append((d, t))
+        pairs += read_runs(path, "val")
+        if corpus == "agentdojo":
+            pairs += [("slack", t) for _, t in read_runs(path, "test_slack")]
     return pick_runs(pairs, max_runs=max_runs, seed=seed)
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -81,19 +82,24 @@ class BenignNull:
         q = np.quantile(x, np.linspace(0.0, 1.0, NULL_POINTS))
         return cls(tuple(float(v) for v in q), len(x))
 
+    @cached_property
+    def _curve(self) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """What :meth:`tail` reads, derived once: the distinct quantiles with the share of
+        benign steps below each (a tie counts from its first place: the share scoring *at
+        least* a tied score includes the tie), the highest, and the tail's decay scale."""
+        q = np.asarray(self.quantiles)
+        u, first = np.unique(q, return_index=True)
+        upper = q[q >= q[int(0.95 * (len(q) - 1))]]
+        tau = max(float(np.mean(q[-1] - upper)) if len(upper) > 1 else 0.0, 0.25)
+        return u, first / (len(q) - 1), float(q[-1]), tau
+
     def tail(self, scores: Sequence[float]) -> np.ndarray:
         """``p(s)``: the share of benign steps scoring at least ``s`` (at least
         ``1 / (n + 1)``, then shrinking exponentially past the highest benign score)."""
-        q = np.asarray(self.quantiles)
+        u, below, top, tau = self._curve
         x = np.array([_logit(float(s)) for s in scores])
         floor = 1.0 / (self.n + 1)
-        # tied quantiles (many benign steps at one score) count from their first place: the
-        # share of benign steps scoring *at least* a tied score includes the tie
-        u, first = np.unique(q, return_index=True)
-        cdf = np.interp(x, u, first / (len(q) - 1)) if len(u) > 1 else np.zeros(len(x))
-        top = q[-1]
-        upper = q[q >= q[int(0.95 * (len(q) - 1))]]
-        tau = max(float(np.mean(top - upper)) if len(upper) > 1 else 0.0, 0.25)
+        cdf = np.interp(x, u, below) if len(u) > 1 else np.zeros(len(x))
         beyond = floor * np.exp(-np.maximum(x - top, 0.0) / tau)
         return np.where(x > top, beyond, (1.0 - cdf) * (1 - floor) + floor)
 

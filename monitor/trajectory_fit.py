@@ -21,6 +21,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,30 @@ def run_domain(t: Any, default: str) -> str:
         return default
     d = domain_of_id(t.trajectory_id, meta)
     return d if d.startswith("agentdojo/") else d.split("/")[0]
+
+
+def read_runs(path: Path, split: str | None = None) -> list[tuple[str, Any]]:
+    """``(domain, run)`` for each run of ``path`` (trajectories, one a line) whose
+    ``meta.split`` is ``split`` (None: any but a held-out ``test*`` one); screenshots made
+    absolute, the domain by :func:`run_domain` (else the file's name). A run without a label
+    is one sentence naming it."""
+    from monitor.screening import absolute_screens
+    from streams.records import Trajectory, read_jsonl
+
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    out = []
+    for t in read_jsonl(path, Trajectory):
+        got = (t.meta or {}).get("split")
+        wanted = got == split if split is not None else not str(got).startswith("test")
+        if not wanted:
+            continue
+        if t.harmful is None:
+            raise ValueError(f"{path}: run {t.trajectory_id!r} has no label (0 benign, 1 "
+                             "harmful, on the run or its steps); the trajectory verdict is "
+                             "fitted on labelled runs")
+        out.append((run_domain(t, path.stem), absolute_screens(t, path.parent)))
+    return out
 
 
 def pick_runs(

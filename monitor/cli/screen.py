@@ -333,6 +333,26 @@ def cmd_screen(args: argparse.Namespace) -> int:
     return REJECTED_EXIT if bad else 0
 
 
+def _refit_out(args: argparse.Namespace, policy: Path) -> Path:
+    """Where a re-fitted policy goes: ``--out``, else ``$VIGIL_HOME/models/policy.json`` where
+    none is yet; never over the policy it starts from."""
+    out = Path(args.out) if args.out else vigil.paths.policy()
+    if out.resolve() == Path(policy).resolve() or not args.out and out.exists():
+        raise ValueError(f"{out} exists: name where the re-fitted policy goes with --out "
+                         "(the policy it starts from is kept)")
+    return out
+
+
+def _write_refit(refit: Any, out: Path, report: list[str]) -> int:
+    """Save a re-fitted policy and print what changed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    refit.save(out)
+    for line in report:
+        print(line, file=sys.stderr)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def _calibrate_benign(args: argparse.Namespace) -> int:
     """``monitor calibrate --benign FILE``: the policy's thresholds re-fitted to the user's
     known-good runs (:mod:`monitor.benign`), models and weights kept."""
@@ -351,19 +371,11 @@ def _calibrate_benign(args: argparse.Namespace) -> int:
                          f"least {MIN_BENIGN_STEPS} (a 1 % budget of fewer rests on one or "
                          "two scores)")
     policy = ensure_policy(args.policy)
-    out = Path(args.out) if args.out else vigil.paths.policy()
-    if out.resolve() == Path(policy).resolve() or not args.out and out.exists():
-        raise ValueError(f"{out} exists: name where the re-fitted policy goes with --out "
-                         "(the policy it starts from is kept)")
+    out = _refit_out(args, policy)
     print(f"re-fitting the thresholds of {policy} on {src}", file=sys.stderr)
     screener = load_screener(policy, reviewer=not args.no_review)
     refit, report = refit_thresholds(screener, runs, source=str(src))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    refit.save(out)
-    for line in describe(report):
-        print(line, file=sys.stderr)
-    print(f"wrote {out}", file=sys.stderr)
-    return 0
+    return _write_refit(refit, out, describe(report))
 
 
 def _calibrate_runs(args: argparse.Namespace) -> int:
@@ -371,35 +383,18 @@ def _calibrate_runs(args: argparse.Namespace) -> int:
     labelled runs (:mod:`monitor.trajectory_fit`), everything else kept."""
     from monitor.defaults import ensure_policy
     from monitor.pipeline import load_screener
-    from monitor.screening import absolute_screens
-    from monitor.trajectory_fit import describe, pick_runs, refit_trajectory, run_domain, score_runs
-    from streams.records import Trajectory, read_jsonl
+    from monitor.trajectory_fit import describe, pick_runs, read_runs, refit_trajectory, score_runs
 
     if args.split and args.split.startswith("test"):
         raise ValueError(f"--split {args.split}: test splits are held out; fit on train or val")
-    pairs = []
-    for name in args.runs:  # every file read (a bad line: one sentence) before any model
-        src = Path(name)
-        if not src.exists():
-            raise FileNotFoundError(f"{src}: no such file")
-        for t in read_jsonl(src, Trajectory):
-            split = (t.meta or {}).get("split")
-            if args.split and split != args.split or str(split).startswith("test"):
-                continue
-            if t.harmful is None:
-                raise ValueError(f"{src}: run {t.trajectory_id!r} has no label (0 benign, 1 "
-                                 "harmful, on the run or its steps); the trajectory verdict "
-                                 "is fitted on labelled runs")
-            pairs.append((run_domain(t, src.stem), absolute_screens(t, src.parent)))
+    # every file read (a bad line: one sentence) before any model
+    pairs = [p for name in args.runs for p in read_runs(Path(name), args.split)]
     by = pick_runs(pairs, max_runs=args.max_runs)
     if not by:
         raise ValueError(f"no runs in {' '.join(args.runs)}"
                          + (f" with meta.split {args.split!r}" if args.split else ""))
     policy = ensure_policy(args.policy)
-    out = Path(args.out) if args.out else vigil.paths.policy()
-    if out.resolve() == Path(policy).resolve() or not args.out and out.exists():
-        raise ValueError(f"{out} exists: name where the re-fitted policy goes with --out "
-                         "(the policy it starts from is kept)")
+    out = _refit_out(args, policy)
     print(f"re-fitting the trajectory verdict of {policy} on {sum(map(len, by.values()))} "
           f"runs of {len(by)} domains", file=sys.stderr)
     screener = load_screener(policy, reviewer=not args.no_review)
@@ -408,12 +403,7 @@ def _calibrate_runs(args: argparse.Namespace) -> int:
     refit, report = refit_trajectory(screener.policy, scored, form=args.form,
                                      threshold_by=args.threshold_by,
                                      source=" ".join(Path(n).name for n in args.runs))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    refit.save(out)
-    for line in describe(report):
-        print(line, file=sys.stderr)
-    print(f"wrote {out}", file=sys.stderr)
-    return 0
+    return _write_refit(refit, out, describe(report))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
