@@ -86,3 +86,18 @@ def test_runs_without_labels_or_from_a_test_split_are_one_sentence(
     assert main([*args, "--runs", str(src), "--split", "test_slack"]) == 2
     err = capsys.readouterr().err
     assert "held out" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_command_offers_every_form_the_build_computes() -> None:
+    """`--form` lists its choices without importing numpy (the CLI stays light): they are
+    the forms monitor.trajectory computes."""
+    import argparse
+
+    from monitor.cli.screen import add_parser
+    from monitor.trajectory import FORMS
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    [form] = [a for a in parser._subparsers._group_actions[0].choices["calibrate"]._actions
+              if "--form" in a.option_strings]
+    assert set(form.choices) == set(FORMS)
