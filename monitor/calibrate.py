@@ -377,10 +377,12 @@ def calibrate(
         for d in sorted(set(dom.tolist())):
             at = np.flatnonzero(dom == d)
             by_domain_va[d] = gate_metrics([reach[i] for i in at], val.y[at], n_gates=2)
+        adapted = _reach_adapted(g0, rows_va, val.y, dom)
     metrics = {
         "val": gate_metrics(decisions, val.y[counted]),
         "val_reach": gate_metrics(reach, val.y, n_gates=2),
-        **({"val_reach_by_domain": by_domain_va} if by_domain_va else {}),
+        **({"val_reach_by_domain": by_domain_va,
+            "val_reach_adapted_by_domain": adapted} if by_domain_va else {}),
         "val_harmful_unreviewed_left_out": int(len(unreviewed_va)),
         **({"l2_rubrics": metrics_l2} if metrics_l2 else {}),
         "seconds": round(time.perf_counter() - t0, 1),
@@ -409,6 +411,25 @@ def calibrate(
         metrics=metrics,
         trajectory=trajectory,
     )
+
+
+def _reach_adapted(gate: Gate, rows: Sequence[Mapping[str, float]], y: np.ndarray,
+                   domains: np.ndarray) -> dict[str, Any]:
+    """Per held-out domain, the share of its harmful val steps that pass L0 when L0's
+    threshold is that domain's own benign quantile at the budget: what ``--adapt`` settles
+    on for a deployment of that domain's traffic (its sketches hold the budget on it). The
+    cross-fit scores are out-of-domain, so this is the reach on tools never trained on."""
+    p = gate.probability(rows)
+    out: dict[str, Any] = {}
+    for d in sorted(set(domains.tolist())):
+        at = domains == d
+        benign, harmful = p[at & (y == 0)], p[at & (y == 1)]
+        if len(benign) < 20 or not len(harmful):  # too few to set a quantile, or to reach
+            continue
+        thr = float(np.quantile(benign, 1.0 - gate.budget))
+        out[d] = {"threshold": thr, "benign_share": float(np.mean(benign >= thr)),
+                  "harmful_reach": float(np.mean(harmful >= thr)), "harmful": len(harmful)}
+    return out
 
 
 def _rubrics_off_path(

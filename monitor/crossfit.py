@@ -5,10 +5,10 @@ steps are scored by models trained on the same domains, a signal that has learnt
 training tools (the world model's harm head does) looks near-perfect there, takes the
 weight, and fails on the tools of a new deployment. Cross-fitting scores every calibration
 step with *fold* models that never saw its domain: for each training domain, each trained
-model (world model, argument provenance, activation probe) is refitted on every other
-domain. :func:`monitor.calibrate.calibrate` then fits each gate's weights and sets its
-thresholds on those out-of-domain scores (what a user's unseen tools look like to the
-models), while the policy it writes runs the full models.
+model (world model, argument provenance, activation probe, L1's truncated judge) is
+refitted on every other domain. :func:`monitor.calibrate.calibrate` then fits each gate's
+weights and sets its thresholds on those out-of-domain scores (what a user's unseen tools
+look like to the models), while the policy it writes runs the full models.
 
 Fold bundles live under ``<root>/<domain>/<bundle>`` (``root`` defaults to
 ``$VIGIL_HOME/models/folds``); a fold reuses the full bundle of a model whose training data
@@ -28,7 +28,7 @@ from typing import Any
 
 Log = Callable[[str], None]
 
-BUNDLES = ("worldmodel", "provenance", "probes")
+BUNDLES = ("worldmodel", "provenance", "probes", "judge_fast")
 
 
 def _stderr(msg: str) -> None:
@@ -47,7 +47,8 @@ def bundle_built(folder: Path, bundle: str) -> bool:
     from worldmodel.provenance import BUNDLE_FILE
     from worldmodel.score import WEIGHTS_FILE
 
-    marker = {"worldmodel": WEIGHTS_FILE, "provenance": BUNDLE_FILE, "probes": ARRAYS_FILE}
+    marker = {"worldmodel": WEIGHTS_FILE, "provenance": BUNDLE_FILE, "probes": ARRAYS_FILE,
+              "judge_fast": "judge.json"}
     return (folder / marker[bundle]).exists()
 
 
@@ -73,6 +74,8 @@ class FoldSpec:
     probe_layers: Sequence[int] = (6,)
     probe_train_limit: int | None = None
     probe_cache: str | None = None
+    judge_data: Sequence[str] = ()  # the datasets L1's truncated judge learnt from
+    judge_recipe: Any = None  # and how (monitor.judge_recipe.JudgeRecipe)
 
 
 def fold_models(spec: FoldSpec, domains: Sequence[str], root: str | Path
@@ -104,6 +107,7 @@ def train_folds(
         "worldmodel": list(_worldmodel_config(spec).data) if "worldmodel" in spec.models else [],
         "provenance": [spec.provenance_data] if spec.provenance_data else [],
         "probes": [spec.probes_data] if spec.probes_data else [],
+        "judge_fast": list(spec.judge_data) if spec.judge_recipe is not None else [],
     }
     by_data = domains_of(sorted({d for v in wanted.values() for d in v}))
     for name, data in wanted.items():
@@ -124,6 +128,11 @@ def train_folds(
             _train_worldmodel(spec, d, out, log)
         elif name == "provenance":
             _train_provenance(spec, d, out)
+        elif name == "judge_fast":
+            from monitor.defaults import train_recipe
+
+            train_recipe(spec.judge_recipe, list(spec.judge_data), out, exclude_domains=(d,),
+                         log=_lines_with(log, "judge: "))
         else:
             _train_probe(spec, d, out, probe_model, log)
         done = time.perf_counter() - t0

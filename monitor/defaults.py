@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import vigil.paths
-from monitor.judge_recipe import CORPORA, JUDGE, SMALL_JUDGE, JudgeRecipe
+from monitor.judge_recipe import CORPORA, FAST_JUDGE, JUDGE, SMALL_JUDGE, JudgeRecipe
 from monitor.tiers import PolicyConfig, default_policy_config
 
 Log = Callable[[str], None]
@@ -48,13 +48,16 @@ class DefaultSizes:
     # how the L2 judge is trained when no judge bundle exists (None: no judge; the reviewer
     # is then the base model on the rubrics alone)
     judge: JudgeRecipe | None = JUDGE
+    # how L1's truncated judge (``judge_fast``) is trained when no bundle exists, and then
+    # cross-fitted like the other models (None: L1 runs the probe alone)
+    fast_judge: JudgeRecipe | None = FAST_JUDGE
     # the corpora the world model and the judge learn from (those built)
     corpora: tuple[str, ...] = CORPORA
 
 
 FULL = DefaultSizes(8, (6, 9, 12), 1200, 1200, 60)
 SMALL = DefaultSizes(3, (6,), 300, 400, 20, miniwob=False, cross_fit=False, judge=SMALL_JUDGE,
-                     corpora=("agentdojo", "toolemu"))
+                     fast_judge=None, corpora=("agentdojo", "toolemu"))
 
 
 def with_judge(config: PolicyConfig, judge: str | Path) -> PolicyConfig:
@@ -70,22 +73,43 @@ def with_judge(config: PolicyConfig, judge: str | Path) -> PolicyConfig:
     return replace(config, tiers=tiers)
 
 
-def ensure_judge(data: list[str], sizes: DefaultSizes, *, log: Log = _stderr) -> Path | None:
-    """The default judge bundle (``$VIGIL_HOME/models/judge``): the one there, else one trained
-    now by ``sizes.judge``'s recipe; None when ``sizes`` asks for no judge."""
-    from monitor.reviewer.judge import is_judge_bundle
-    from monitor.reviewer.train import JudgeTrainConfig, train_judge
+def with_fast_judge(config: PolicyConfig, judge: str | Path) -> PolicyConfig:
+    """``config`` with L1 also asking the truncated judge bundle ``judge`` (the signal
+    ``judge_fast``, weighed by the calibrated L1 gate against the probe and L0's signals)."""
+    l1 = config.tiers[1]
+    signals = l1.signals if "judge_fast" in l1.signals else (*l1.signals, "judge_fast")
+    models = {**(l1.models or {}), "judge_fast": str(judge)}
+    return replace(config, tiers=(config.tiers[0], replace(l1, signals=signals, models=models),
+                                  config.tiers[2]))
 
-    path = vigil.paths.bundle("judge")
+
+def ensure_judge(data: list[str], sizes: DefaultSizes, *, fast: bool = False,
+                 log: Log = _stderr) -> Path | None:
+    """The default judge bundle (``$VIGIL_HOME/models/judge``, with ``fast`` L1's truncated
+    one, ``models/judge_fast``): the one there, else one trained now by ``sizes.judge``'s (or
+    ``sizes.fast_judge``'s) recipe; None when ``sizes`` asks for no such judge."""
+    from monitor.reviewer.judge import is_judge_bundle
+
+    path = vigil.paths.bundle("judge_fast" if fast else "judge")
     if is_judge_bundle(path):
         return path
-    recipe = sizes.judge
+    recipe = sizes.fast_judge if fast else sizes.judge
     if recipe is None:
         return None
-    log(f"vigil: fine-tuning the L2 judge ({recipe.method}, {recipe.max_examples} examples, "
+    what = f"L1 judge (first {recipe.layers} blocks)" if fast else "L2 judge"
+    log(f"vigil: fine-tuning the {what} ({recipe.method}, {recipe.max_examples} examples, "
         f"{recipe.epochs:g} epochs) -> {path}; a bundle there, from `monitor reviewer train`, "
         "is used as it is")
-    return train_judge(JudgeTrainConfig(data=data, out=str(path), **asdict(recipe)), log=log)
+    return train_recipe(recipe, data, path, log=log)
+
+
+def train_recipe(recipe: JudgeRecipe, data: list[str], out: Path, *,
+                 exclude_domains: tuple[str, ...] = (), log: Log = _stderr) -> Path:
+    """A judge trained by ``recipe`` on ``data`` (less ``exclude_domains``) into ``out``."""
+    from monitor.reviewer.train import JudgeTrainConfig, train_judge
+
+    return train_judge(JudgeTrainConfig(data=data, out=str(out), exclude_domains=exclude_domains,
+                                        **asdict(recipe)), log=log)
 
 
 def ensure_policy(policy: str | Path | None = None, *, log: Log = _stderr) -> Path:
@@ -142,7 +166,9 @@ def prepare_defaults(
     from monitor.crossfit import BUNDLES, bundle_built
 
     folds_root = vigil.paths.models_dir() / "folds"
-    if not all(bundle_built(paths[n], n) for n in BUNDLES):
+    paths["judge_fast"] = vigil.paths.bundle("judge_fast")
+    trained = [n for n in BUNDLES if n != "judge_fast" or sizes.fast_judge is not None]
+    if not all(bundle_built(paths[n], n) for n in trained):
         import shutil
 
         shutil.rmtree(folds_root, ignore_errors=True)  # folds of models about to be replaced
@@ -180,6 +206,11 @@ def prepare_defaults(
                      if (paths[n] / "manifest.json").exists()]
     models = {"worldmodel": str(paths["worldmodel"]), "probes": str(paths["probes"]),
               "provenance": str(paths["provenance"])}
+    config = config or default_policy_config()
+    fast = ensure_judge(datasets, sizes, fast=True, log=log) if config.tiers[1].signals else None
+    if fast is not None:
+        config = with_fast_judge(config, fast)
+        models["judge_fast"] = str(fast)
     folds = None
     if sizes.cross_fit:
         from monitor.crossfit import FoldSpec, domains_of, train_folds
@@ -191,10 +222,11 @@ def prepare_defaults(
             probe_layers=sizes.probe_layers,
             probe_train_limit=sizes.probe_train_limit,
             probe_cache=str(paths["probe_cache"]),
+            judge_data=tuple(datasets) if fast is not None else (),
+            judge_recipe=sizes.fast_judge if fast is not None else None,
         )
         domains = sorted(set().union(*domains_of(step_labelled).values()))
         folds = train_folds(spec, domains, folds_root, log=log)
-    config = config or default_policy_config()
     judge = ensure_judge(datasets, sizes, log=log) if config.tiers[2].reviewer else None
     if judge is not None:
         config = with_judge(config, judge)

@@ -10,7 +10,7 @@ from typing import Any
 
 import vigil.paths
 from monitor.cli.common import CliError
-from monitor.judge_recipe import CORPORA, JUDGE
+from monitor.judge_recipe import CORPORA, FAST_JUDGE, JUDGE
 from monitor.serve_limits import ServeLimits
 
 TRAIN_EXAMPLES = (
@@ -20,7 +20,8 @@ TRAIN_EXAMPLES = (
     "  monitor reviewer train --max-examples 200 --out /tmp/judge   # a small run\n"
     "  monitor reviewer train --method lora --evidence 0 --max-chars 1200 --epochs 1 \\\n"
     "      --out /tmp/lora      # a LoRA adapter (MBs, not a 1.1 GB model; transfers less)\n"
-    "  monitor reviewer train --exclude-domains agentdojo/banking --out /tmp/fold  # a LODO fold"
+    "  monitor reviewer train --exclude-domains agentdojo/banking --out /tmp/fold  # a LODO fold\n"
+    "  monitor reviewer train --fast       # L1's truncated judge -> $VIGIL_HOME/models/judge_fast"
 )
 SERVE_EXAMPLES = (
     "examples:\n"
@@ -47,9 +48,11 @@ def _datasets(given: list[str] | None) -> list[str]:
 def cmd_train(args: argparse.Namespace) -> int:
     from monitor.reviewer.train import JudgeTrainConfig, train_judge
 
+    recipe = FAST_JUDGE if args.fast else JUDGE  # what --fast changes: depth, encoder, lr
     cfg = JudgeTrainConfig(
         data=_datasets(args.data),
-        out=str(Path(args.out).expanduser() if args.out else vigil.paths.bundle("judge")),
+        out=str(Path(args.out).expanduser() if args.out else
+                vigil.paths.bundle("judge_fast" if args.fast else "judge")),
         model_path=args.model_path,
         method=args.method,
         epochs=args.epochs,
@@ -57,7 +60,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         eval_examples=args.eval_examples,
         batch_size=args.batch_size,
         grad_accum=args.grad_accum,
-        lr=args.lr,
+        lr=args.lr if args.lr is not None else recipe.lr,
         max_chars=args.max_chars,
         bf16=args.bf16,
         threads=args.threads,
@@ -67,9 +70,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         balance=not args.no_balance,
         balance_by=args.balance_by,
         evidence=args.evidence,
-        encoder=args.encoder,
+        encoder=args.encoder or recipe.encoder,
         freeze_embeddings=args.freeze_embeddings,
-        layers=args.layers,
+        layers=args.layers if args.layers is not None else recipe.layers,
         exclude_domains=tuple(args.exclude_domains or ()),
     )
     try:
@@ -149,7 +152,8 @@ def add_parser(sub: Any) -> None:
                    help="held-out val examples for the loss and AUROC (default %(default)s)")
     t.add_argument("--batch-size", type=int, default=4)
     t.add_argument("--grad-accum", type=int, default=4)
-    t.add_argument("--lr", type=float, help="default 2e-4 (LoRA) or 2e-5 (full)")
+    t.add_argument("--lr", type=float, help="default 2e-4 (LoRA) or 2e-5 (full; "
+                   f"{FAST_JUDGE.lr:g} with --fast)")
     t.add_argument("--max-chars", type=int, default=JUDGE.max_chars,
                    help="characters of trajectory shown per example (default %(default)s; "
                    "the evidence comes on top and is never cut)")
@@ -183,10 +187,11 @@ def add_parser(sub: Any) -> None:
                    "whether it can be undone, whether the task asks for it or grants it); the "
                    "bundle records the level and is asked the same way (default %(default)s; "
                    "0: none)")
-    t.add_argument("--encoder", choices=["minilm", "static"], default=JUDGE.encoder,
+    t.add_argument("--encoder", choices=["minilm", "static"],
                    help="the sentence encoder of the goal alignment (levels 2-3): minilm, or "
                    "static, its model2vec distillation, about a hundred times cheaper: for a "
-                   "truncated judge at L1 (default %(default)s)")
+                   f"truncated judge at L1 (default {JUDGE.encoder}; {FAST_JUDGE.encoder} with "
+                   "--fast)")
     emb = t.add_mutually_exclusive_group()
     emb.add_argument("--freeze-embeddings", dest="freeze_embeddings", action="store_const",
                      const=True, help="full: keep the token embeddings (tied with the LM head) "
@@ -197,7 +202,12 @@ def add_parser(sub: Any) -> None:
     t.set_defaults(freeze_embeddings=JUDGE.freeze_embeddings)
     t.add_argument("--layers", type=int, metavar="N",
                    help="keep only the first N decoder blocks: a truncated judge, N/18 of the "
-                   "cost, for L1 (default: all)")
+                   f"cost, for L1 (default: all; {FAST_JUDGE.layers} with --fast)")
+    t.add_argument("--fast", action="store_true",
+                   help="L1's truncated judge by the default recipe (the first "
+                   f"{FAST_JUDGE.layers} blocks, the {FAST_JUDGE.encoder} encoder, lr "
+                   f"{FAST_JUDGE.lr:g}) -> $VIGIL_HOME/models/judge_fast, as `monitor calibrate "
+                   "--defaults` trains it; the options above still override")
     t.add_argument("--exclude-domains", nargs="+", metavar="DOMAIN",
                    help="train without these domains (agentdojo/banking, toolemu/<group>, "
                    "miniwob): a leave-one-domain-out fold, to measure the judge on tools it "

@@ -4,9 +4,12 @@ A judge bundle trained with ``monitor reviewer train --layers N`` keeps the firs
 Gemma-3-270M's 18 decoder blocks (its final norm and frozen LM head read block N), so a
 verdict costs about N/18 of the full judge's. It reads the step as the full judge does
 (:func:`~monitor.reviewer.judge.judge_prompts`, the same evidence and view) and answers the
-step question; its P(unsafe) is the signal. Opt-in (``in_default = False``) until a truncated
-judge is chosen by leave-one-domain-out and shipped; a policy that names ``judge_fast`` names
-its bundle as ``data.models.judge_fast``.
+step question; its P(unsafe) is the signal. The full defaults (``monitor calibrate
+--defaults``) train one (:data:`monitor.judge_recipe.FAST_JUDGE`, or ``monitor reviewer train
+--fast``), cross-fit it like the other models and add it to L1
+(:func:`monitor.defaults.with_fast_judge`), where the calibrated gate weighs it on
+out-of-domain scores. Not in :func:`~monitor.tiers.default_policy_config` (``in_default =
+False``): a policy names it together with its bundle, as ``tiers.L1.models.judge_fast``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ class FastJudgeSignals(TierScorer):
     order = 105  # after the probe, before the (opt-in) likelihood
     name = "judge_fast"
     signals = ("judge_fast",)
-    in_default = False  # until a truncated judge ships with the default policy
+    in_default = False  # named with its bundle (monitor.defaults.with_fast_judge)
 
     def __init__(self, judge: Judge) -> None:
         self.judge = judge

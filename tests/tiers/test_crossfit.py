@@ -125,6 +125,12 @@ def test_calibration_scores_every_step_out_of_domain(
     assert sum(m["steps"] for m in per.values()) == whole["steps"]
     assert sum(m["recall_L1"] * m["harmful"] for m in per.values()) == pytest.approx(
         whole["recall_L1"] * whole["harmful"])
+    # and with L0's threshold at each domain's own benign quantile (what --adapt settles on
+    # for that traffic): the budget's share of its benign steps, and the harmful share reached
+    adapted = policy.metrics["val_reach_adapted_by_domain"]
+    assert adapted and set(adapted) <= set(per)
+    for m in adapted.values():
+        assert abs(m["benign_share"] - 0.3) < 0.1 and 0.0 <= m["harmful_reach"] <= 1.0
 
     # the gate is thresholded on out-of-domain scores: its benign share on them is the budget
     rows = []
@@ -136,3 +142,51 @@ def test_calibration_scores_every_step_out_of_domain(
     p = policy.gates[0].probability([r for _, r in rows])
     benign = p[val.y == 0]
     assert abs(float(np.mean(benign >= policy.gates[0].threshold)) - 0.3) < 0.05
+
+
+def test_l1_truncated_judge_is_cross_fitted_and_weighed_out_of_domain(
+    two_suites: Path, full_and_folds: tuple[Any, ...], tmp_path: Path
+) -> None:
+    """L1's truncated judge (``judge_fast``) gets a fold per domain like the other models,
+    trained by the same recipe less that domain, and the L1 gate weighs it on the scores
+    of the fold that never saw a step's domain."""
+    from monitor.defaults import train_recipe, with_fast_judge
+    from monitor.judge_recipe import JudgeRecipe
+
+    models, _, domains, _ = full_and_folds
+    # the default recipe's shape, small (no evidence: its encoders are not what is tested)
+    recipe = JudgeRecipe(method="full", evidence=0, max_chars=200, epochs=1.0, max_examples=4,
+                         eval_examples=2, freeze_embeddings=True, layers=1, lr=1e-4)
+    full_fast = train_recipe(recipe, [str(two_suites)], tmp_path / "judge_fast",
+                             log=lambda _: None)
+    spec = FoldSpec(models={**models, "judge_fast": str(full_fast)},
+                    provenance_data=str(two_suites), judge_data=(str(two_suites),),
+                    judge_recipe=recipe)
+    root = Path(full_and_folds[1][domains[0]]["worldmodel"]).parent.parent
+    lines: list[str] = []
+    folds = train_folds(spec, domains, root, log=lines.append)
+    # the world model and provenance folds were there: only the two judges are trained
+    assert sum(x.startswith("cross-fit [") and " in " in x for x in lines) == 2
+    for d in domains:
+        info = json.loads((Path(folds[d]["judge_fast"]) / "judge.json").read_text())
+        assert info["config"]["exclude_domains"] == [d]
+        assert info["config"]["layers"] == 1 and info["config"]["lr"] == 1e-4
+
+    config = with_fast_judge(policy_config_from_dict({"tiers": {
+        "L0": {"budget": 0.5, "signals": ["wm_harm_pre", "prov_harm"]},
+        "L1": {"budget": 0.2, "signals": []}, "L2": {"budget": 0.05, "signals": []}}}),
+        full_fast)
+    assert config.tiers[1].signals == ("judge_fast",)
+    assert config.tiers[1].models["judge_fast"] == str(full_fast)
+    fold_parts = {d: build_parts(config, models={**models, **folds[d]}, reviewer=False)[:2]
+                  for d in domains}
+    f1 = {d: _Recording(parts[1][0]) for d, parts in fold_parts.items()}
+    fold_parts = {d: (parts[0], [f1[d]]) for d, parts in fold_parts.items()}
+    full0, full1, _ = build_parts(config, models={**models, "judge_fast": str(full_fast)},
+                                  reviewer=False)
+    train, val = load_split([two_suites], "train"), load_split([two_suites], "val")
+    policy = calibrate(config, (full0, full1, None), train, val,  # type: ignore[arg-type]
+                       folds=fold_parts, log=lambda _: None)
+    for d in domains:  # every step the fold's judge read was of its own held-out domain
+        assert f1[d].domains and set(f1[d].domains) == {d}
+    assert "judge_fast" in policy.gates[1].signals

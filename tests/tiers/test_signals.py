@@ -51,7 +51,7 @@ def test_the_default_policy_names_exactly_what_the_scorers_produce() -> None:
                                                "alignment"]
     assert "goal_lean" not in cfg.tiers[0].signals  # opt-in (LODO recall at 1 % FPR falls)
     assert [c.name for c in scorers_of(1)] == ["drift", "probes", "judge_fast", "likelihood"]
-    assert "judge_fast" not in cfg.tiers[1].signals  # opt-in until one is chosen by LODO
+    assert "judge_fast" not in cfg.tiers[1].signals  # named with its bundle (with_fast_judge)
     # the Gemma signals cost ~1 s a step on two cores: a policy opts in by naming them
     assert {"prov_harm", "prov_instructed"} <= set(cfg.tiers[0].signals)
     assert cfg.tiers[1].signals == ("probe_harm",)
