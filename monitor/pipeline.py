@@ -260,8 +260,8 @@ class Screener:
         *predicted* next state (``wm_harm_pre``). Block: the L0+L1 probability
         reaches the policy's block threshold; escalate: the step would reach
         L2 (a reviewer); allow: otherwise. A tool rule of the policy
-        (:mod:`monitor.tool_rules`) matching the call decides instead: deny blocks, allow
-        and monitor allow (the step is scored either way).
+        (:mod:`monitor.tool_rules`) matching the call decides instead: deny blocks, review
+        escalates, allow and monitor allow (the step is scored either way).
         """
         return self.check_actions([(trajectory, action)])[0]
 
@@ -303,7 +303,8 @@ class Screener:
             rule = rules.rule_for(tool.name if tool else None,
                                   getattr(tool, "server", None) if tool else None)
             if rule is not None:  # scored all the same: the step is recorded as it is
-                decision = "block" if rule.action == "deny" else "allow"
+                decision = ("block" if rule.action == "deny" else
+                            "escalate" if rule.action == "review" else "allow")
             out.append(ActionCheck(decision, v.tier, v.score, v.signals, latency,
                                    rule.describe() if rule is not None else None))
         return out

@@ -8,11 +8,15 @@ In the policy file (YAML or the calibrated JSON's ``config``)::
         - {match: "delete_*", action: deny}            # never runs: blocked with the reason
         - {match: "git_*", server: git, action: monitor}  # never blocked; scored and paged
         - {match: "get_*", action: allow}              # never blocked (a known false positive)
+        - {match: "send_money", action: review}        # escalated: a human decides first
       on_screener_error: closed                        # or open: run the call when it fails
 
 ``match`` is a shell-style pattern (``*``, ``?``, ``[...]``) over the tool name, compared
 case-insensitively; ``server`` (optional) is the MCP server the tool comes from. The first
-rule that matches decides; a tool no rule matches is decided by the gates. Every action is
+rule that matches decides; a tool no rule matches is decided by the gates. ``review``
+escalates the call whatever it scores: an inline caller that holds escalated calls (``monitor
+mcp --hold-timeout``) waits for a human's verdict; others treat it as their escalations
+(the Agents SDK and LangChain gates: their ``escalate`` setting). Every action is
 still scored and recorded, so a rule never hides a step from the stream and the dashboards.
 """
 
@@ -23,8 +27,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-RuleAction = Literal["allow", "deny", "monitor"]
-ACTIONS: tuple[RuleAction, ...] = ("allow", "deny", "monitor")
+RuleAction = Literal["allow", "deny", "monitor", "review"]
+ACTIONS: tuple[RuleAction, ...] = ("allow", "deny", "monitor", "review")
 
 
 @dataclass(frozen=True)

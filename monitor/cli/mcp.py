@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   monitor mcp -- python -m mcp_server_git --repository ~/repo
   monitor mcp --monitor-only -- npx -y @modelcontextprotocol/server-filesystem ~/work
   monitor mcp --service http://127.0.0.1:8000 -- uvx mcp-server-time
+  monitor mcp --service http://127.0.0.1:8000 --hold-timeout 300 -- uvx mcp-server-time
   monitor mcp --upstream https://mcp.example.com/mcp --header 'Authorization: Bearer ...'
 
 In an MCP client's config, put `monitor mcp [options] --` before the server's command."""
@@ -40,9 +41,20 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             raise CliError(f"--header {h!r}: expected 'Name: value'")
         headers[key.strip()] = value.strip()
     upstream: str | list[str] = args.upstream or command
+    token = args.token or os.environ.get("VIGIL_TOKEN")
+    hold = None
+    if args.hold_timeout is not None:
+        if not args.hold_timeout > 0:
+            raise CliError(f"--hold-timeout {args.hold_timeout:g}: expected seconds > 0")
+        if not args.service or not token:
+            raise CliError("--hold-timeout pages a reviewer on the paging service: give its "
+                           "--service URL and a producer token (--token or $VIGIL_TOKEN)")
+        from monitor.integrations.mcp_proxy import Hold
+
+        hold = Hold(args.service, token, args.hold_timeout)
     from monitor.integrations.common import StepStream, screen_from
 
-    screen = screen_from(args.service, args.token or os.environ.get("VIGIL_TOKEN"), args.policy)
+    screen = screen_from(args.service, token, args.policy)
     stream = StepStream.from_env()  # a broker: the steps go to the stream
     where = f"; steps to {stream.topic}" if stream is not None else ""
     print(f"vigil: screening the tool calls of {args.upstream or ' '.join(command)}"
@@ -51,7 +63,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         anyio.run(lambda: run_proxy(screen, upstream, server=args.server_name or "",
                                     monitor_only=args.monitor_only, fail_open=args.fail_open,
                                     hide_poisoned=args.hide_poisoned, stream=stream,
-                                    headers=headers))
+                                    headers=headers, hold=hold))
     finally:
         if stream is not None:
             stream.close()
@@ -83,7 +95,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--monitor-only", action="store_true",
                    help="never block: screen, log and forward every call")
     p.add_argument("--fail-open", action="store_true",
-                   help="forward a call the screener failed on (default: refuse it)")
+                   help="forward a call the screener failed on, or one held past "
+                   "--hold-timeout (default: refuse it)")
+    p.add_argument("--hold-timeout", type=float, metavar="SECONDS",
+                   help="hold an escalated call while a page on --service asks a human: a "
+                   "verdict 'not harmful' forwards it; 'harmful', a page resolved without "
+                   "one, or no answer in SECONDS refuses it (default: escalated calls are "
+                   "forwarded and logged)")
     p.add_argument("--hide-poisoned", action="store_true",
                    help="leave tools whose descriptions carry instruction-like text out of "
                    "tools/list")

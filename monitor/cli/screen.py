@@ -54,9 +54,11 @@ def _judge_trajectories(
     some action was, and a step is judged by what it did: the judge's trajectory question,
     asked at the last step of a view cut to a few hundred characters, flags a run that read
     a planted instruction as often as one that acted on it (``bench/results/
-    judge_read_only.json``), so it is not asked here. One judge call per step L0 did not
-    clear (about a fifth of benign steps at the default budget), so a harm the step gates
-    rank low on traffic unlike their training data still meets the judge."""
+    judge_read_only.json``), so it is not asked here. Every step L0 did not clear (about a
+    fifth of benign steps at the default budget) has a judge's verdict, so a harm the step
+    gates rank low on traffic unlike their training data still meets a judge: where L1 ran
+    the truncated judge (``judge_fast``, the full defaults) its verdict is that step's, and
+    the full judge is asked only of steps past L0 that neither judge has read."""
     reviewer = screener.reviewer
     if reviewer is None or not getattr(reviewer, "judged", False):
         return None
@@ -67,6 +69,8 @@ def _judge_trajectories(
             continue
         if v.review is not None and v.review.judge_unsafe is not None:
             known[i] = v.review.judge_unsafe
+        elif "judge_fast" in v.signals:  # L1's truncated judge read it already
+            known[i] = float(v.signals["judge_fast"])
         else:
             todo.append(i)
     for i, p in zip(todo, reviewer.judge_steps([steps[i] for i in todo]), strict=True):

@@ -8,9 +8,12 @@ policy's tool rules included), against the session's earlier calls and their res
 
 * **block**: the call never reaches the server; the client gets a ``CallToolResult`` with
   ``isError: true`` and the reason, so the model sees why;
-* **escalate** and **allow**: forwarded (holding an escalated call for a human is not built
-  yet: it is forwarded and logged as escalated);
-* ``monitor_only``: nothing is blocked; every decision is logged;
+* **escalate**: with ``hold`` (``--hold-timeout``), the call waits while a page on the
+  paging service asks a human (:func:`hold_for_review`): approved (a verdict "not harmful")
+  → forwarded; rejected, or no answer in time → refused, or forwarded with ``fail_open``;
+  without ``hold``, forwarded and logged as escalated;
+* **allow**: forwarded;
+* ``monitor_only``: nothing is blocked or held; every decision is logged;
 * the screener failing: the call is refused (``isError``), or forwarded with ``fail_open``.
 
 What the tool returned becomes the observation the next call is judged against, so an
@@ -117,6 +120,75 @@ def decide(screen: Screen, session: McpSession, action: Action,
     return Decision(True, f"{check.decision}{rule}", check)
 
 
+@dataclass(frozen=True)
+class Hold:
+    """Where an escalated call waits for a human: the paging service at ``url`` (a producer
+    ``token``), for at most ``timeout_s``, asking every ``poll_s``."""
+
+    url: str
+    token: str
+    timeout_s: float
+    poll_s: float = 1.0
+
+
+def hold_for_review(hold: Hold, session: McpSession, action: Action, check: ActionCheck, *,
+                    fail_open: bool = False, log: Log = _stderr) -> Decision:
+    """Page a human about the escalated ``action`` (a case of its own, with the session's
+    calls so far and the proposed one) and wait for the answer: ``GET /api/v1/events/KEY``
+    on the paging service until a verdict comes in or ``hold.timeout_s`` passes."""
+    import time
+    from urllib.parse import quote
+
+    import httpx
+
+    from monitor.service.schemas import CaseDetails, EventCreate, EventPayload, TierScore
+    from monitor.stream.paging import PagingClient
+
+    name = action.tool.name if action.tool else ""
+    proposed = next_step(session.steps[-1] if session.steps else None, "", action, "")
+    traj = session.trajectory().model_copy(update={"steps": [*session.steps, proposed]})
+    key = f"{session.trajectory_id}/{proposed.step_id}/hold-{uuid.uuid4().hex[:8]}"
+    rule = f" ({check.rule})" if check.rule else ""
+    unheld = "forwarded (fail-open)" if fail_open else "it was not run"
+    try:
+        PagingClient(hold.url, hold.token).trigger(EventCreate(
+            event_action="trigger", dedup_key=key,
+            payload=EventPayload(
+                summary=f"MCP call {session.server}.{name} held for a reviewer (harm "
+                        f"{check.score:.2f}, L{check.tier}{rule})"[:1024],
+                source=f"mcp:{session.server}"[:255], severity="critical", group=key,
+                custom_details=CaseDetails(
+                    trajectory=traj, trajectory_id=traj.trajectory_id,
+                    step_id=proposed.step_id,
+                    scores=[TierScore(tier=min(check.tier, 3), score=min(max(check.score, 0.0),
+                                      1.0), signals=dict(check.signals))]))))
+    except Exception as e:  # noqa: BLE001 - the page could not be opened: nobody can answer
+        return Decision(fail_open, f"vigil escalated this call to {name}{rule} but could not "
+                        f"page a reviewer ({str(e)[:200]}); {unheld}", check)
+    log(f"vigil: {name}: escalated{rule}; held up to {hold.timeout_s:g} s for a reviewer "
+        f"(page {key})")
+    url = f"{hold.url.rstrip('/')}/api/v1/events/{quote(key, safe='/')}"
+    headers = {"Authorization": f"Bearer {hold.token}"}
+    deadline = time.monotonic() + hold.timeout_s
+    while True:
+        try:
+            r = httpx.get(url, headers=headers, timeout=10.0)
+            got = r.json() if r.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            got = {}  # the service is briefly away: keep asking until the deadline
+        if got.get("decision") == "approved":
+            return Decision(True, f"escalate{rule}; approved by {got.get('reviewer')}", check)
+        if got.get("decision") == "rejected":
+            note = f": {got['note']}" if got.get("note") else ""
+            who = got.get("reviewer") or "a reviewer (page resolved without approval)"
+            return Decision(False, f"vigil held this call to {name} for review and {who} "
+                                   f"rejected it{note}; it was not run", check)
+        if time.monotonic() >= deadline:
+            return Decision(fail_open, f"vigil held this call to {name} for review{rule}; no "
+                            f"reviewer answered within {hold.timeout_s:g} s; {unheld}", check)
+        time.sleep(max(0.0, min(hold.poll_s, deadline - time.monotonic())))
+
+
 def upstream_name(upstream: str | list[str]) -> str:
     """The server's name in tool rules and logs: its command's, or its URL's host."""
     if isinstance(upstream, str):
@@ -129,12 +201,13 @@ def upstream_name(upstream: str | list[str]) -> str:
 async def run_proxy(screen: Screen, upstream: str | list[str], *, server: str = "",
                     monitor_only: bool = False, fail_open: bool = False,
                     hide_poisoned: bool = False, stream: StepStream | None = None,
-                    headers: dict[str, str] | None = None, log: Log = _stderr) -> None:
+                    headers: dict[str, str] | None = None, hold: Hold | None = None,
+                    log: Log = _stderr) -> None:
     """Serve the proxy on this process's stdin/stdout until the client goes away.
     ``upstream``: the real server, a command (with its arguments) started as a subprocess
     over stdio, or the URL of a server on streamable HTTP (``headers`` sent with each
     request, e.g. its ``Authorization``). ``stream``: each screened call's step goes to it,
-    blocked ones too."""
+    blocked ones too. ``hold``: escalated calls wait for a human's verdict there."""
     import anyio
     import mcp_types as types
     from mcp import Client, StdioServerParameters
@@ -177,6 +250,12 @@ async def run_proxy(screen: Screen, upstream: str | list[str], *, server: str = 
             d = await anyio.to_thread.run_sync(
                 lambda: decide(screen, session, action, monitor_only=monitor_only,
                                fail_open=fail_open))
+            check = d.check
+            if (hold is not None and not monitor_only and check is not None
+                    and check.decision == "escalate"):
+                d = await anyio.to_thread.run_sync(
+                    lambda: hold_for_review(hold, session, action, check, fail_open=fail_open,
+                                            log=log))
             log(f"vigil: {params.name}: {d.reason}")
             if not d.forward:
                 out = refusal(d.reason)

@@ -32,7 +32,7 @@ from monitor.service.models import (
     Silence,
     Verdict,
 )
-from monitor.service.schemas import EventCreate, EventPayload, VerdictCreate
+from monitor.service.schemas import EventCreate, EventDecision, EventPayload, VerdictCreate
 from streams.records import LabelRecord
 
 
@@ -406,6 +406,28 @@ def page_for_dedup_key(session: Session, dedup_key: str) -> int:
     if page_id is None:
         raise NotFound(f"no page has an alert with dedup_key {dedup_key!r}")
     return page_id
+
+
+def event_decision(session: Session, dedup_key: str) -> EventDecision:
+    """The answer to the trigger ``dedup_key``: pending until a verdict on its page comes in
+    after it was triggered (not harmful: approved; harmful: rejected), or the page is
+    resolved without one (rejected: nobody approved it). A caller holding an action for a
+    human (``monitor mcp --hold-timeout``) polls this."""
+    alert = session.scalar(select(Alert).where(Alert.dedup_key == dedup_key))
+    if alert is None:
+        raise NotFound(f"no page has an alert with dedup_key {dedup_key!r}")
+    page = session.get(Page, alert.page_id)
+    assert page is not None
+    verdict = session.scalars(
+        select(Verdict).where(Verdict.page_id == page.id,
+                              Verdict.created_at >= alert.created_at)
+        .order_by(Verdict.id.desc()).limit(1)).first()
+    decision = ("pending" if verdict is None and page.status != "resolved" else
+                "rejected" if verdict is None or verdict.harmful else "approved")
+    return EventDecision.model_validate({
+        "dedup_key": dedup_key, "page_id": page.id, "page_status": page.status,
+        "decision": decision, "reviewer": verdict.reviewer if verdict else None,
+        "note": verdict.note if verdict else ""})
 
 
 def acknowledge(

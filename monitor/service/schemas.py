@@ -216,6 +216,20 @@ class EventAccepted(Schema):
     dedup_key: str
 
 
+class EventDecision(Schema):
+    """What became of a trigger: the state of its page and a reviewer's answer to it."""
+
+    dedup_key: str
+    page_id: int
+    page_status: Literal["triggered", "acknowledged", "resolved"]
+    decision: Literal["pending", "approved", "rejected"] = Field(
+        description="pending: no reviewer has answered since the trigger; approved: the "
+        "latest verdict since says not harmful; rejected: it says harmful, or the page was "
+        "resolved without a verdict")
+    reviewer: str | None = None
+    note: str = ""
+
+
 # --- pages ----------------------------------------------------------------------
 
 

@@ -1,13 +1,15 @@
 """`monitor mcp` in front of a real MCP server (mcp-server-git from PyPI), driven by the MCP
 SDK's client over stdio: a call the policy blocks never reaches the server (no commit is
 made), an allowed one returns the server's own result, --monitor-only forwards everything,
-and a screener that cannot answer fails closed, or open with --fail-open."""
+a screener that cannot answer fails closed, or open with --fail-open, and a call escalated for
+review waits for a reviewer's verdict on a live paging service (--hold-timeout)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ RULES = {"rules": [{"match": "git_commit", "server": "git", "action": "deny"},
 
 def _repo(root: Path) -> Path:
     repo = root / "repo"
-    repo.mkdir()
+    repo.mkdir(parents=True)
     for cmd in (["init", "-q"], ["config", "user.email", "t@example.com"],
                 ["config", "user.name", "t"]):
         subprocess.run(["git", *cmd], cwd=repo, check=True)
@@ -193,3 +195,98 @@ def test_the_server_is_named_once_as_a_command_or_a_url(
     assert len(err) == 4, err
     assert "not both" in err[0] and "--upstream" in err[1] and "ftp://" in err[2]
     assert "nocolon" in err[3]
+
+
+@pytest.fixture(scope="module")
+def held_service(ruled_policy_with: Any, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[str, dict[str, str]]]:
+    """A live paging service (uvicorn, an SQLite store) screening with the tiny policy whose
+    tool rule sends git_commit to a reviewer; its URL and a token of each role."""
+    import io
+    import socket
+    import threading
+
+    import uvicorn
+
+    from monitor.pipeline import load_screener
+    from monitor.service.app import create_app
+    from monitor.service.auth import provision_store
+    from monitor.service.settings import PagingSettings
+
+    policy = ruled_policy_with({"rules": [{"match": "git_commit", "action": "review"},
+                                          {"match": "git_add", "action": "allow"}]})
+    url = f"sqlite:///{tmp_path_factory.mktemp('held')}/paging.db"
+    issued = provision_store(url, {f"{r}-1": r for r in ("producer", "reviewer")})
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    settings = PagingSettings(database_url=url, poll_interval_s=0.05, public_url=base,
+                              secret_key="test-secret-key-for-sessions")
+    app = create_app(settings, console=io.StringIO(),
+                     screener=load_screener(policy, reviewer=False))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    end = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < end, "the service did not start"
+        time.sleep(0.05)
+    yield base, {name[:-2]: token for name, token in issued.items()}
+    server.should_exit = True
+    thread.join(timeout=20)
+    sock.close()
+
+
+def _answer_the_page(base: str, token: str, harmful: bool, found: list[dict[str, Any]]
+                     ) -> None:
+    """A reviewer: wait for the held call's page, read its case, give a verdict."""
+    import httpx
+
+    auth = {"Authorization": f"Bearer {token}"}
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        pages = httpx.get(f"{base}/api/v1/pages", params={"status": "open"},
+                          headers=auth).json()["items"]
+        if pages:
+            found.append(httpx.get(f"{base}/api/v1/pages/{pages[0]['id']}",
+                                   headers=auth).json())
+            httpx.post(f"{base}/api/v1/verdicts", headers=auth, json={
+                "page_id": pages[0]["id"], "harmful": harmful, "note": "checked by hand"})
+            return
+        time.sleep(0.2)
+
+
+def test_an_escalated_call_waits_for_a_reviewer(
+    held_service: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """``--hold-timeout``: the call a `review` rule escalates runs only once a reviewer says
+    it is not harmful; rejected, or unanswered in time, it never runs."""
+    import threading
+
+    base, tokens = held_service
+    env = {"VIGIL_TOKEN": tokens["producer"]}
+    for harmful in (False, True):
+        repo = _repo(tmp_path / f"harmful-{harmful}")
+        found: list[dict[str, Any]] = []
+        reviewer = threading.Thread(target=_answer_the_page,
+                                    args=(base, tokens["reviewer"], harmful, found))
+        reviewer.start()
+        got = _run(_proxy("--service", base, "--hold-timeout", "90", repo=repo), [
+            ("git_add", {"repo_path": str(repo), "files": ["b.txt"]}),
+            ("git_commit", {"repo_path": str(repo), "message": "checked"})], env)
+        reviewer.join(timeout=60)
+        assert got[0][0] is False  # git_add: allowed, never held
+        [page] = found
+        case = page["alerts"][0]["details"]
+        assert [s["action"]["tool"]["name"] for s in case["trajectory"]["steps"]] == [
+            "git_add", "git_commit"]  # the session so far and the proposed call
+        if harmful:
+            assert got[1][0] is True and "rejected it: checked by hand" in got[1][1]
+            assert _commits(repo) == 1
+        else:
+            assert got[1][0] is False and _commits(repo) == 2  # approved: it ran
+    repo = _repo(tmp_path / "unanswered")
+    got = _run(_proxy("--service", base, "--hold-timeout", "1", repo=repo), [
+        ("git_commit", {"repo_path": str(repo), "message": "nobody looked"})], env)
+    assert got[0][0] is True and "no reviewer answered within 1 s" in got[0][1]
+    assert _commits(repo) == 1

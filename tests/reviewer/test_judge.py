@@ -352,3 +352,31 @@ def test_the_calibrated_l2_gate_weighs_the_judge_against_the_rubrics(
         steps = [x["signals"]["judge_unsafe"] for x in t["steps"]
                  if "judge_unsafe" in x["signals"]]
         assert steps and 0.0 <= max(steps) <= t["judge_unsafe"] <= 1.0, (steps, t)
+
+    # with L1's truncated judge in the policy (the full defaults: judge_fast among a step's
+    # signals), a step past L0 keeps its verdict: the full judge is asked only of steps past
+    # L0 that no judge has read, so screening through L2 does not judge them twice
+    from monitor.cli.screen import _judge_trajectories
+    from monitor.screening import screen_steps_of
+    from streams.records import Trajectory
+
+    batch = [Trajectory.model_validate(r) for r in harmful]
+    steps = [s for t in batch for s in screen_steps_of(t)]
+    verdicts = screener.screen(steps, through=1)
+    past = [i for i, v in enumerate(verdicts) if v.tier >= 1]
+    assert past
+    fast = {i: 0.25 + 0.5 * (i % 2) for i in past[::2]}  # L1's truncated judge read these
+    verdicts = [replace(v, signals={**v.signals, "judge_fast": fast[i]}) if i in fast else v
+                for i, v in enumerate(verdicts)]
+    asked: list[int] = []
+    real = reviewer.judge_steps
+    reviewer.judge_steps = lambda xs: (asked.append(len(xs)), real(xs))[1]  # type: ignore[method-assign]
+    judged = _judge_trajectories(screener, batch, verdicts, steps)
+    assert asked == [len(past) - len(fast)]  # the others only
+    assert judged is not None
+    at = 0
+    for t, p in zip(batch, judged, strict=True):
+        mine = [fast[i] for i in range(at, at + len(t.steps)) if i in fast]
+        assert (p is None) == (not any(at <= i < at + len(t.steps) for i in past))
+        assert p is None or p >= max(mine, default=0.0)
+        at += len(t.steps)

@@ -127,6 +127,42 @@ def test_acknowledge_and_resolve_by_event_and_by_page(client: TestClient,
     assert late.json()["detail"] == f"page {page['id']} is already resolved"
 
 
+def test_a_producer_reads_what_became_of_its_trigger(client: TestClient,
+                                                    service: Service) -> None:
+    """``GET /api/v1/events/{dedup_key}``: pending until a reviewer answers; a verdict
+    "not harmful" approves, "harmful" rejects, a page resolved without one rejects."""
+
+    def decision(key: str, role: str = "producer") -> Any:
+        return client.get(f"/api/v1/events/{key}", headers=service.auth(role))
+
+    keys = []
+    for tid in ("held-ok", "held-bad", "held-closed"):
+        send(client, service, {**trigger(tid), "payload": {
+            **trigger(tid)["payload"], "group": f"{tid}/s0"}})
+        keys.append(f"{tid}/s0")
+    got = decision(keys[0])
+    assert got.status_code == 200, got.text
+    assert got.json()["decision"] == "pending" and got.json()["page_status"] == "triggered"
+    assert decision(keys[0], "reviewer").json()["decision"] == "pending"  # reviewers may read
+    page = {k: decision(k).json()["page_id"] for k in keys}
+    assert len(set(page.values())) == 3  # each its own case
+    r = client.post("/api/v1/verdicts", headers=service.auth("reviewer"), json={
+        "page_id": page[keys[0]], "harmful": False, "note": "expected"})
+    assert r.status_code == 201, r.text
+    assert decision(keys[0]).json() | {"page_id": 0} == {
+        "dedup_key": keys[0], "page_id": 0, "page_status": "resolved", "decision": "approved",
+        "reviewer": "reviewer-1", "note": "expected"}
+    client.post("/api/v1/verdicts", headers=service.auth("reviewer"), json={
+        "page_id": page[keys[1]], "harmful": True, "note": "wires the savings away"})
+    bad = decision(keys[1]).json()
+    assert (bad["decision"], bad["note"]) == ("rejected", "wires the savings away")
+    client.post(f"/api/v1/pages/{page[keys[2]]}/resolve", headers=service.auth("reviewer"))
+    assert decision(keys[2]).json()["decision"] == "rejected"
+    missing = decision("nobody/s9")
+    assert missing.status_code == 404 and "nobody/s9" in missing.json()["detail"]
+    assert client.get(f"/api/v1/events/{keys[0]}").status_code == 401
+
+
 def test_bad_events_get_one_clear_4xx(client: TestClient, service: Service) -> None:
     cases: list[tuple[dict[str, Any], int, str]] = [
         ({"event_action": "trigger", "dedup_key": "x"}, 422, "a trigger event needs a payload"),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from typing import Annotated
+
+from fastapi import APIRouter, Path, status
 from sqlalchemy.exc import IntegrityError
 
 from monitor.service import paging
@@ -15,7 +17,7 @@ from monitor.service.deps import (
     SettingsDep,
     ensure_role,
 )
-from monitor.service.schemas import EventAccepted, EventCreate
+from monitor.service.schemas import EventAccepted, EventCreate, EventDecision
 
 router = APIRouter(prefix="/api/v1/events", tags=["events"], responses=responses.AUTH)
 
@@ -74,3 +76,23 @@ def enqueue_event(
         scheduler.wake()
     return EventAccepted(message=f"Event processed: page {event.event_action}d",
                          dedup_key=event.dedup_key)
+
+
+@router.get(
+    "/{dedup_key:path}",
+    response_model=EventDecision,
+    responses=responses.NOT_FOUND,
+    summary="What became of a trigger: its page, and a reviewer's answer",
+)
+def event_decision(
+    dedup_key: Annotated[str, Path(min_length=1, max_length=255)],
+    principal: PrincipalDep,
+    session: SessionDep,
+) -> EventDecision:
+    """`pending` until a reviewer's verdict on the trigger's page comes in after it
+    (not harmful: `approved`; harmful: `rejected`), or the page is resolved without one
+    (`rejected`). A producer holding an action for a human polls this with the key it
+    triggered (`monitor mcp --hold-timeout`). Producers and reviewers may read it."""
+    if not (principal.may("producer") or principal.may("reviewer")):
+        ensure_role(principal, "producer", "reading an event")
+    return paging.event_decision(session, dedup_key)
