@@ -54,8 +54,24 @@ def spans_of(request: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
     for rs in request.get("resourceSpans", []):
         for ss in rs.get("scopeSpans", []):
             for s in ss.get("spans", []):
-                yield {"trace": str(s.get("traceId", "")), "name": str(s.get("name", "")),
+                yield {"trace": hex_id(s.get("traceId")), "span": hex_id(s.get("spanId")),
+                       "name": str(s.get("name", "")),
                        "start": int(s.get("startTimeUnixNano", 0) or 0), "attrs": _attrs(s)}
+
+
+def hex_id(value: Any) -> str:
+    """A trace or span id as OTLP JSON writes it (lowercase hex), from that or from the
+    base64 that protobuf's JSON mapping gives the same bytes."""
+    text = str(value or "")
+    if len(text) in (16, 32) and all(c in "0123456789abcdefABCDEF" for c in text):
+        return text.lower()
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(text, validate=True).hex()
+    except (binascii.Error, ValueError):
+        return text
 
 
 def _first_user_text(messages: Any) -> str:
@@ -172,3 +188,76 @@ def sniff_otlp(path: Any) -> bool:
     with Path(path).open("rb") as f:
         head = f.read(4096).lstrip()
     return head.startswith(b"{") and b'"resourceSpans"' in head
+
+
+class TraceMemory:
+    """What a receiver remembers of the traces it has turned into step events, bounded (the
+    last ``max_traces`` traces): each trace's task, its steps so far, the last result (the
+    next step's observation) and the span ids already published (a retried export publishes
+    nothing twice)."""
+
+    def __init__(self, max_traces: int = 4096, max_spans: int = 1024) -> None:
+        from collections import OrderedDict
+
+        self.max_traces, self.max_spans = max_traces, max_spans
+        self._traces: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def get(self, trace: str) -> dict[str, Any]:
+        got = self._traces.pop(trace, None) or {"task": "", "n": 0, "last": None,
+                                                "seen": {}}
+        self._traces[trace] = got
+        while len(self._traces) > self.max_traces:
+            self._traces.popitem(last=False)
+        return got
+
+
+def step_events_from_otlp(request: Mapping[str, Any], memory: TraceMemory, *,
+                          warn: Callable[[str], None] | None = None) -> list[Any]:
+    """The tool spans of one ``ExportTraceServiceRequest`` (JSON) as
+    :class:`~streams.records.StepEvent` records for the deployment steps topic, in start
+    order within each trace: trajectory ``otlp/<trace id>`` (as :func:`trajectories_from_otlp`
+    names it), step id the span id (stable when an export is retried), the observation what
+    the trace's previous tool span returned (the first's: the task). Spans of one trace that
+    arrive in several exports continue the same trajectory (``memory``)."""
+    from streams.records import StepEvent
+
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for s in spans_of(request):
+        by_trace.setdefault(s["trace"], []).append(s)
+    out: list[StepEvent] = []
+    bare = 0
+    for trace, spans in by_trace.items():
+        spans.sort(key=lambda s: s["start"])
+        state = memory.get(trace)
+        state["task"] = state["task"] or next((t for t in map(_task, spans) if t), "")[:MAX_TEXT]
+        for s in spans:
+            got = _tool(s)
+            if got is None or s["span"] in state["seen"]:
+                continue
+            name, raw, result = got
+            bare += raw is None and not result
+            args: Any = raw
+            if isinstance(raw, str):
+                try:
+                    args = json.loads(raw)
+                except ValueError:
+                    args = {"input": raw}
+            seen = Observation(text=state["last"] if state["last"] is not None
+                               else state["task"])
+            step = Step(step_id=s["span"] or str(state["n"]), index=state["n"], observation=seen,
+                        action=Action(tool=ToolCall(name=name, arguments=args if
+                                                    isinstance(args, dict) else
+                                                    {"value": args})),
+                        result=Observation(text=result[:MAX_TEXT]))
+            out.append(StepEvent(trajectory_id=f"otlp/{trace}", source="deployment", step=step,
+                                 task=state["task"],
+                                 meta={"otlp_trace_id": trace, "otlp_span_id": s["span"]}))
+            state["n"] += 1
+            state["last"] = result[:MAX_TEXT]
+            state["seen"][s["span"]] = None
+            while len(state["seen"]) > memory.max_spans:
+                state["seen"].pop(next(iter(state["seen"])))
+    if bare and warn is not None:
+        warn(f"{bare} tool span(s) carry no arguments or result: the instrumentation records "
+             f"no content; set {CAPTURE_SETTING} (or your instrumentation's equivalent)")
+    return out

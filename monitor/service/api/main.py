@@ -9,6 +9,7 @@ from monitor.service.api.routes import (
     channels,
     events,
     hooks,
+    otlp,
     pages,
     policies,
     screen,
@@ -20,6 +21,6 @@ from monitor.service.api.routes import (
 def api_router() -> APIRouter:
     router = APIRouter()
     for module in (events, pages, verdicts, policies, channels, silences, auth, screen,
-                   hooks):
+                   hooks, otlp):
         router.include_router(module.router)
     return router
