@@ -64,9 +64,11 @@ def test_openapi_documents_every_api_route_with_its_errors(service: Service) -> 
         "$ref": "#/components/schemas/ValidationProblem"}  # our one-sentence detail
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     # no route lets anyone read verdicts but reviewers; the harness's routes, /v1/screen and
-    # the Claude Code hook, answer from L0 and L1 only (tests/service/test_screen.py)
+    # the Claude Code hook, answer from L0 and L1 only (tests/service/test_screen.py); the
+    # OTLP receiver answers nothing but that it took the spans
     assert [p for p in schema["paths"] if not p.startswith(("/api/v1/", "/healthz"))
-            and p.startswith(("/v1/", "/api/"))] == ["/v1/screen", "/v1/hooks/claude-code"]
+            and p.startswith(("/v1/", "/api/"))] == ["/v1/screen", "/v1/hooks/claude-code",
+                                                      "/v1/traces"]
 
 
 def fuzz_operation(operation: Any, mode: GenerationMode, headers: dict[str, str],
