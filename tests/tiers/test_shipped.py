@@ -21,7 +21,7 @@ from monitor.shipped import MANIFEST, pack, portable, shipped_dir, verify
 from monitor.shipped import _sha256 as _sha
 from tests.worker.conftest import ROOT
 
-TRAINED = ("worldmodel", "probes", "provenance", "policy.json")
+TRAINED = ("worldmodel", "probes", "provenance", "judge", "judge_fast", "policy.json")
 
 
 def _steps(small_agentdojo: Path, n: int = 24) -> list:  # type: ignore[type-arg]
