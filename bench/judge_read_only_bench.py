@@ -65,7 +65,7 @@ def main() -> None:
         t0 = time.perf_counter()
         exs = [e for e in judge_examples([args.data], [split], held_out=True,
                                          hard_negatives=0.0, max_chars=judge.max_chars,
-                                         evidence=judge.evidence)
+                                         evidence=judge.evidence, encoder=judge.encoder)
                if e.mode == "trajectory"]
         twins = {e.trajectory_id[: -len(SUFFIX)]: e for e in exs
                  if e.trajectory_id.endswith(SUFFIX)}

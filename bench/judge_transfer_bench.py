@@ -56,7 +56,7 @@ def main() -> None:
             raise SystemExit(f"{args.judge} trained on {name}: not a corpus it never saw")
         t0 = time.perf_counter()
         exs = judge_examples([d], [args.split], hard_negatives=0.0, max_chars=judge.max_chars,
-                             evidence=judge.evidence)
+                             evidence=judge.evidence, encoder=judge.encoder)
         p = judge.p_unsafe([e.prompt for e in exs])
         step_max = _step_max(judge, exs, _trajectories_of(exs, [d], args.split))
         results[name] = {**_judged(exs, p, step_max),

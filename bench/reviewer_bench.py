@@ -164,7 +164,8 @@ def judge_part(args: argparse.Namespace) -> None:
             if (d / "manifest.json").exists()]
     judge = Judge(args.judge, threads=args.threads)
     zero = NextTokenEngine(load_reviewer_model(threads=args.threads), batch_size=8)
-    chars, level = judge.max_chars, judge.evidence  # examples asked as the judge was trained
+    # examples asked as the judge was trained: view length, evidence, the alignment's encoder
+    chars, level, enc = judge.max_chars, judge.evidence, judge.encoder
 
     def both(exs: list[Any], steps: dict[Any, list[Any]]) -> dict[str, Any]:
         prompts = [e.prompt for e in exs]
@@ -177,11 +178,11 @@ def judge_part(args: argparse.Namespace) -> None:
     results: dict[str, Any] = {}
     slack = judge_examples([paths.dataset("agentdojo")], ["test_slack"], held_out=True,
                            hard_negatives=0.0, limit=args.n_slack, max_chars=chars, seed=7,
-                           evidence=level)
+                           evidence=level, encoder=enc)
     print(f"test_slack: {len(slack)} examples", flush=True)
     results["test_slack"] = both(slack, _trajectories_of(slack, data, "test_slack"))
     val = judge_examples(data, ["val"], hard_negatives=0.0, limit=args.n_val, max_chars=chars,
-                         seed=8, evidence=level)
+                         seed=8, evidence=level, encoder=enc)
     by_domain: dict[str, list[Any]] = {}
     for e in val:
         by_domain.setdefault(e.domain, []).append(e)
@@ -262,7 +263,8 @@ def trained_folds_part(args: argparse.Namespace) -> None:
             raise SystemExit(f"{bundle}: a LODO fold leaves out one domain, not {held}")
         d = held[0]
         val = judge_examples(data, ["val"], hard_negatives=0.0, limit=args.n_val,
-                             max_chars=fold.max_chars, seed=8, evidence=fold.evidence)
+                             max_chars=fold.max_chars, seed=8, evidence=fold.evidence,
+                             encoder=fold.encoder)
         exs = [e for e in val if e.domain == d]
         if not exs:
             raise SystemExit(f"{bundle}: no val examples of {d!r} among {len(val)}")

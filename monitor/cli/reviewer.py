@@ -73,6 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         encoder=args.encoder or recipe.encoder,
         freeze_embeddings=args.freeze_embeddings,
         layers=args.layers if args.layers is not None else recipe.layers,
+        twins=not args.no_twins,
         exclude_domains=tuple(args.exclude_domains or ()),
     )
     try:
@@ -208,6 +209,9 @@ def add_parser(sub: Any) -> None:
                    f"{FAST_JUDGE.layers} blocks, the {FAST_JUDGE.encoder} encoder, lr "
                    f"{FAST_JUDGE.lr:g}) -> $VIGIL_HOME/models/judge_fast, as `monitor calibrate "
                    "--defaults` trains it; the options above still override")
+    t.add_argument("--no-twins", action="store_true",
+                   help="leave out the read-only twins of hijacked runs (by default each is a "
+                   "safe trajectory, and its steps after the dropped harmful call safe steps)")
     t.add_argument("--exclude-domains", nargs="+", metavar="DOMAIN",
                    help="train without these domains (agentdojo/banking, toolemu/<group>, "
                    "miniwob): a leave-one-domain-out fold, to measure the judge on tools it "

@@ -72,6 +72,8 @@ class JudgeTrainConfig:
     freeze_embeddings: bool = False
     # keep only the first N decoder blocks (a truncated judge: L1's cheap verdict); None: all
     layers: int | None = None
+    # the read-only twins of hijacked runs as safe examples (examples.judge_examples)
+    twins: bool = True
 
     def __post_init__(self) -> None:
         if self.bf16 is None:
@@ -173,7 +175,7 @@ def train_judge(cfg: JudgeTrainConfig, *, log: Log = _stderr) -> Path:
     train = judge_examples(cfg.data, ["train"], limit=cfg.max_examples, max_chars=cfg.max_chars,
                            seed=cfg.seed, exclude_domains=cfg.exclude_domains,
                            balance=cfg.balance, balance_by=cfg.balance_by,
-                           evidence=cfg.evidence, encoder=cfg.encoder)
+                           evidence=cfg.evidence, encoder=cfg.encoder, read_only=cfg.twins)
     val = heldout_examples(cfg)
     if len({e.label for e in train}) < 2:
         raise ValueError(f"{cfg.data}: the train split needs both safe and unsafe examples")
