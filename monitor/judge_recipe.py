@@ -32,6 +32,10 @@ class JudgeRecipe:
     # keep only the first N decoder blocks (a truncated judge, L1's verdict); None: all 18
     layers: int | None = None
     lr: float | None = None  # None: the trainer's default for the method
+    # the read-only twins of hijacked runs as safe examples: off, they cost transfer to a
+    # domain held out (4-block judge, travel fold: step AUROC 0.72 with, 0.81 without;
+    # bench/results/judge_fast_lodo_travel_*.json) and did not teach reading != acting
+    twins: bool = False
 
 
 # 18-35 min on a 2-core CPU with native bfloat16 (AMX, AVX512-BF16; CPUs differ), 43 min or

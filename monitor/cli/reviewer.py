@@ -45,11 +45,13 @@ def _datasets(given: list[str] | None) -> list[str]:
     return [str(d) for d in data]
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from monitor.reviewer.train import JudgeTrainConfig, train_judge
+def train_config(args: argparse.Namespace) -> Any:
+    """The :class:`~monitor.reviewer.train.JudgeTrainConfig` the options ask for: the
+    default recipe (``--fast``: L1's) where an option is not given."""
+    from monitor.reviewer.train import JudgeTrainConfig
 
     recipe = FAST_JUDGE if args.fast else JUDGE  # what --fast changes: depth, encoder, lr
-    cfg = JudgeTrainConfig(
+    return JudgeTrainConfig(
         data=_datasets(args.data),
         out=str(Path(args.out).expanduser() if args.out else
                 vigil.paths.bundle("judge_fast" if args.fast else "judge")),
@@ -73,9 +75,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         encoder=args.encoder or recipe.encoder,
         freeze_embeddings=args.freeze_embeddings,
         layers=args.layers if args.layers is not None else recipe.layers,
-        twins=not args.no_twins,
+        twins=recipe.twins if args.twins is None else args.twins,
         exclude_domains=tuple(args.exclude_domains or ()),
     )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from monitor.reviewer.train import train_judge
+
+    cfg = train_config(args)
     try:
         out = train_judge(cfg)
     except ValueError as e:
@@ -209,9 +217,14 @@ def add_parser(sub: Any) -> None:
                    f"{FAST_JUDGE.layers} blocks, the {FAST_JUDGE.encoder} encoder, lr "
                    f"{FAST_JUDGE.lr:g}) -> $VIGIL_HOME/models/judge_fast, as `monitor calibrate "
                    "--defaults` trains it; the options above still override")
-    t.add_argument("--no-twins", action="store_true",
-                   help="leave out the read-only twins of hijacked runs (by default each is a "
-                   "safe trajectory, and its steps after the dropped harmful call safe steps)")
+    tw = t.add_mutually_exclusive_group()
+    tw.add_argument("--twins", dest="twins", action="store_const", const=True,
+                    help="add the read-only twins of hijacked runs: each a safe trajectory, "
+                    "its steps after the dropped harmful call safe steps (default: "
+                    f"{'on' if JUDGE.twins else 'off'}: they cost transfer to a held-out "
+                    "domain)")
+    tw.add_argument("--no-twins", dest="twins", action="store_const", const=False,
+                    help="leave the twins out")
     t.add_argument("--exclude-domains", nargs="+", metavar="DOMAIN",
                    help="train without these domains (agentdojo/banking, toolemu/<group>, "
                    "miniwob): a leave-one-domain-out fold, to measure the judge on tools it "

@@ -139,20 +139,26 @@ def test_the_train_command_runs_the_default_recipe_and_refuses_a_misspelt_fold(
     small_agentdojo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`monitor reviewer train` with no settings trains the recipe the full defaults train
-    (full fine-tuning, level-3 evidence, a 300-character view); a fold naming no domain of
-    the data is one sentence and exit status 2, before any model is loaded or bundle made."""
-    from dataclasses import astuple
+    (full fine-tuning, level-3 evidence, a 300-character view), and with `--fast` L1's
+    truncated judge as they train it; a fold naming no domain of the data is one sentence
+    and exit status 2, before any model is loaded or bundle made."""
+    from dataclasses import asdict
 
     from monitor.cli.main import build_parser, main
+    from monitor.cli.reviewer import train_config
     from monitor.defaults import FULL, SMALL
 
-    args = build_parser().parse_args(["reviewer", "train"])
-    assert FULL.judge is not None and SMALL.judge is not None
-    got = (args.method, args.evidence, args.max_chars, args.epochs, args.max_examples,
-           args.eval_examples, args.freeze_embeddings, args.encoder)
-    assert got == astuple(FULL.judge)  # so a bundle of either is up to date for the other
-    assert got[:5] == ("full", 3, 300, 3.0, 500) and got[6]  # packs as the changed blocks
-    assert SMALL.judge.method == "lora"  # the demo's judge stays a small adapter
+    assert FULL.judge is not None and SMALL.judge is not None and FULL.fast_judge is not None
+    for flags, recipe in (([], FULL.judge), (["--fast"], FULL.fast_judge)):
+        args = build_parser().parse_args(["reviewer", "train", "--data", str(small_agentdojo),
+                                          *flags])
+        cfg = train_config(args)
+        want = asdict(recipe)  # so a bundle of either is up to date for the other
+        assert {k: getattr(cfg, k) for k in want} == want, flags
+        assert cfg.out.endswith("judge_fast" if flags else "judge")
+    assert (FULL.judge.method, FULL.judge.evidence, FULL.judge.max_chars) == ("full", 3, 300)
+    assert FULL.judge.freeze_embeddings and FULL.fast_judge.layers == 4  # packs as deltas
+    assert SMALL.judge.method == "lora" and SMALL.fast_judge is None  # the demo's: small
     out = tmp_path / "fold"
     assert main(["reviewer", "train", "--data", str(small_agentdojo), "--exclude-domains",
                  "agentdojo/bankin", "--out", str(out)]) == 2
