@@ -129,7 +129,7 @@ def train_folds(
         elif name == "provenance":
             _train_provenance(spec, d, out)
         elif name == "judge_fast":
-            from monitor.defaults import train_recipe
+            from monitor.reviewer.train import train_recipe
 
             train_recipe(spec.judge_recipe, list(spec.judge_data), out, exclude_domains=(d,),
                          log=_lines_with(log, "judge: "))

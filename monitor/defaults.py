@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import vigil.paths
@@ -100,16 +100,9 @@ def ensure_judge(data: list[str], sizes: DefaultSizes, *, fast: bool = False,
     log(f"vigil: fine-tuning the {what} ({recipe.method}, {recipe.max_examples} examples, "
         f"{recipe.epochs:g} epochs) -> {path}; a bundle there, from `monitor reviewer train`, "
         "is used as it is")
+    from monitor.reviewer.train import train_recipe
+
     return train_recipe(recipe, data, path, log=log)
-
-
-def train_recipe(recipe: JudgeRecipe, data: list[str], out: Path, *,
-                 exclude_domains: tuple[str, ...] = (), log: Log = _stderr) -> Path:
-    """A judge trained by ``recipe`` on ``data`` (less ``exclude_domains``) into ``out``."""
-    from monitor.reviewer.train import JudgeTrainConfig, train_judge
-
-    return train_judge(JudgeTrainConfig(data=data, out=str(out), exclude_domains=exclude_domains,
-                                        **asdict(recipe)), log=log)
 
 
 def ensure_policy(policy: str | Path | None = None, *, log: Log = _stderr) -> Path:

@@ -377,3 +377,14 @@ def _plot_loss(history: Sequence[dict[str, float]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def train_recipe(recipe: Any, data: Sequence[str], out: str | Path, *,
+                 exclude_domains: Sequence[str] = (), log: Log = _stderr) -> Path:
+    """A judge trained by ``recipe`` (:class:`monitor.judge_recipe.JudgeRecipe`) on ``data``,
+    less ``exclude_domains`` (a cross-fitting fold), into ``out``."""
+    from dataclasses import asdict
+
+    return train_judge(JudgeTrainConfig(data=list(data), out=str(out),
+                                        exclude_domains=tuple(exclude_domains),
+                                        **asdict(recipe)), log=log)

@@ -13,9 +13,10 @@ from typing import Any
 
 from tests.integrations.test_default_policy import TASK, _agents_sdk, _langchain, runs
 from tests.integrations.test_mcp_proxy import _git_server, _repo, _run
+from tests.integrations.test_otlp import _agent_runs, _steps, receiver
 from tests.worker.conftest import ROOT
 
-__all__ = ["runs"]  # the fixture, shared with test_default_policy
+__all__ = ["receiver", "runs"]  # the fixtures, shared with test_default_policy, test_otlp
 
 
 def snippet(after: str) -> str:
@@ -125,3 +126,28 @@ def test_the_claude_code_http_hook_config_reaches_the_service(tmp_path: Path) ->
             assert got == {} or got["hookSpecificOutput"]["hookEventName"] == event
         [step] = app.state.claude_code_sessions.trajectory(base).steps
         assert step.action.tool is not None and step.action.tool.name == "Read"
+
+
+def test_the_otlp_exporter_settings_stream_tool_calls_to_the_receiver(
+    receiver: tuple[str, Any, Any], monkeypatch: Any,
+) -> None:
+    """The README's two exporter settings (the service's URL and a producer token filled
+    in), read by the OpenTelemetry SDK's own OTLP/HTTP exporter from the environment: the
+    agent's tool calls arrive as deployment steps."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    base, tokens, bus = receiver
+    for line in snippet("point the agent's exporter at it").splitlines():
+        key, _, value = line.partition("=")
+        monkeypatch.setenv(key, value.replace("http://127.0.0.1:8000", base)
+                           .replace("<producer token>", tokens["producer"]))
+    before = len(_steps(bus))
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+    _agent_runs(provider)
+    assert provider.force_flush()
+    got = _steps(bus)[before:]
+    assert sorted(e.step.action.tool.name for e in got if e.step.action.tool) == [
+        "read_file", "read_file", "send_money"]

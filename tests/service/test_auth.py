@@ -34,6 +34,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("DELETE", "/api/v1/tokens/{token_id}"): "admin",
     ("POST", "/v1/screen"): "producer",  # the agent's harness, before an action runs
     ("POST", "/v1/hooks/claude-code"): "producer",  # the same, as a Claude Code hook
+    ("POST", "/v1/traces"): "producer",  # an agent's OTLP exporter: its tool spans as steps
 }
 API_PREFIXES = ("/api/", "/v1/")
 EVENTS = ("POST", "/api/v1/events")  # the role depends on the action: tested on its own

@@ -150,8 +150,9 @@ def test_l1_truncated_judge_is_cross_fitted_and_weighed_out_of_domain(
     """L1's truncated judge (``judge_fast``) gets a fold per domain like the other models,
     trained by the same recipe less that domain, and the L1 gate weighs it on the scores
     of the fold that never saw a step's domain."""
-    from monitor.defaults import train_recipe, with_fast_judge
+    from monitor.defaults import with_fast_judge
     from monitor.judge_recipe import JudgeRecipe
+    from monitor.reviewer.train import train_recipe
 
     models, _, domains, _ = full_and_folds
     # the default recipe's shape, small (no evidence: its encoders are not what is tested)
