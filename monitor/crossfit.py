@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from monitor.judge_recipe import JudgeRecipe
+
 Log = Callable[[str], None]
 
 BUNDLES = ("worldmodel", "provenance", "probes", "judge_fast")
@@ -75,7 +77,7 @@ class FoldSpec:
     probe_train_limit: int | None = None
     probe_cache: str | None = None
     judge_data: Sequence[str] = ()  # the datasets L1's truncated judge learnt from
-    judge_recipe: Any = None  # and how (monitor.judge_recipe.JudgeRecipe)
+    judge_recipe: JudgeRecipe | None = None  # and how
 
 
 def fold_models(spec: FoldSpec, domains: Sequence[str], root: str | Path

@@ -90,18 +90,47 @@ def _first_user_text(messages: Any) -> str:
     return ""
 
 
-def _tool(span: Mapping[str, Any]) -> tuple[str, Any, str] | None:
-    """(name, arguments, result) of a tool span, None for another span."""
+def _tool(span: Mapping[str, Any]) -> tuple[Action, str, bool] | None:
+    """A tool span as (its call, what it returned, whether it carries no content); None for
+    another span. Arguments given as a JSON string are parsed (``{"input": ...}`` where they
+    do not parse); a value that is not an object is ``{"value": ...}``."""
     a = span["attrs"]
     if a.get("gen_ai.operation.name") == "execute_tool" or span["name"].startswith(
             "execute_tool"):
         name = a.get("gen_ai.tool.name") or span["name"].removeprefix("execute_tool").strip()
-        return str(name), a.get("gen_ai.tool.call.arguments"), str(
-            a.get("gen_ai.tool.call.result") or "")
-    if a.get("openinference.span.kind") == "TOOL":
-        return str(a.get("tool.name") or span["name"]), a.get("input.value"), str(
-            a.get("output.value") or "")
-    return None
+        raw, result = a.get("gen_ai.tool.call.arguments"), a.get("gen_ai.tool.call.result")
+    elif a.get("openinference.span.kind") == "TOOL":
+        name, raw, result = a.get("tool.name") or span["name"], a.get("input.value"), a.get(
+            "output.value")
+    else:
+        return None
+    args: Any = raw
+    if isinstance(raw, str):
+        try:
+            args = json.loads(raw)
+        except ValueError:
+            args = {"input": raw}
+    action = Action(tool=ToolCall(name=str(name), arguments=args if isinstance(args, dict)
+                                  else {"value": args}))
+    text = str(result or "")
+    return action, text[:MAX_TEXT], raw is None and not text
+
+
+def _by_trace(requests: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The spans of ``requests`` by trace, each trace's in start order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in requests:
+        for s in spans_of(r):
+            out.setdefault(s["trace"], []).append(s)
+    for spans in out.values():
+        spans.sort(key=lambda s: s["start"])
+    return out
+
+
+def _warn_bare(bare: int, warn: Callable[[str], None] | None) -> None:
+    if bare and warn is not None:
+        warn(f"{bare} tool span(s) carry no arguments or result: the instrumentation records "
+             f"no content; set {CAPTURE_SETTING} (or your instrumentation's equivalent)")
 
 
 def _task(span: Mapping[str, Any]) -> str:
@@ -116,42 +145,22 @@ def _task(span: Mapping[str, Any]) -> str:
 def trajectories_from_otlp(requests: Iterable[Mapping[str, Any]], *,
                            warn: Callable[[str], None] | None = None) -> list[Trajectory]:
     """One trajectory per trace of ``requests`` with at least one tool span."""
-    by_trace: dict[str, list[dict[str, Any]]] = {}
-    for r in requests:
-        for s in spans_of(r):
-            by_trace.setdefault(s["trace"], []).append(s)
     out, bare = [], 0
-    for trace, spans in by_trace.items():
-        spans.sort(key=lambda s: s["start"])
-        task = next((t for t in map(_task, spans) if t), "")
+    for trace, spans in _by_trace(requests).items():
+        task = next((t for t in map(_task, spans) if t), "")[:MAX_TEXT]
         steps: list[Step] = []
-        seen = Observation(text=task[:MAX_TEXT])
-        for s in spans:
-            got = _tool(s)
-            if got is None:
-                continue
-            name, raw, result = got
-            if raw is None and not result:
-                bare += 1
-            args: Any = raw
-            if isinstance(raw, str):
-                try:
-                    args = json.loads(raw)
-                except ValueError:
-                    args = {"input": raw}
-            res = Observation(text=result[:MAX_TEXT])
+        seen = Observation(text=task)
+        for got in filter(None, map(_tool, spans)):
+            action, result, empty = got
+            bare += empty
+            res = Observation(text=result)
             steps.append(Step(step_id=str(len(steps)), index=len(steps), observation=seen,
-                              action=Action(tool=ToolCall(name=name, arguments=args if
-                                                          isinstance(args, dict) else
-                                                          {"value": args})),
-                              result=res))
+                              action=action, result=res))
             seen = res
         if steps:
             out.append(Trajectory(trajectory_id=f"otlp/{trace}", source="deployment",
-                                  task=task[:MAX_TEXT], steps=steps))
-    if bare and warn is not None:
-        warn(f"{bare} tool span(s) carry no arguments or result: the instrumentation records "
-             f"no content; set {CAPTURE_SETTING} (or your instrumentation's equivalent)")
+                                  task=task, steps=steps))
+    _warn_bare(bare, warn)
     return out
 
 
@@ -221,43 +230,28 @@ def step_events_from_otlp(request: Mapping[str, Any], memory: TraceMemory, *,
     arrive in several exports continue the same trajectory (``memory``)."""
     from streams.records import StepEvent
 
-    by_trace: dict[str, list[dict[str, Any]]] = {}
-    for s in spans_of(request):
-        by_trace.setdefault(s["trace"], []).append(s)
     out: list[StepEvent] = []
     bare = 0
-    for trace, spans in by_trace.items():
-        spans.sort(key=lambda s: s["start"])
+    for trace, spans in _by_trace([request]).items():
         state = memory.get(trace)
         state["task"] = state["task"] or next((t for t in map(_task, spans) if t), "")[:MAX_TEXT]
         for s in spans:
             got = _tool(s)
             if got is None or s["span"] in state["seen"]:
                 continue
-            name, raw, result = got
-            bare += raw is None and not result
-            args: Any = raw
-            if isinstance(raw, str):
-                try:
-                    args = json.loads(raw)
-                except ValueError:
-                    args = {"input": raw}
+            action, result, empty = got
+            bare += empty
             seen = Observation(text=state["last"] if state["last"] is not None
                                else state["task"])
             step = Step(step_id=s["span"] or str(state["n"]), index=state["n"], observation=seen,
-                        action=Action(tool=ToolCall(name=name, arguments=args if
-                                                    isinstance(args, dict) else
-                                                    {"value": args})),
-                        result=Observation(text=result[:MAX_TEXT]))
+                        action=action, result=Observation(text=result))
             out.append(StepEvent(trajectory_id=f"otlp/{trace}", source="deployment", step=step,
                                  task=state["task"],
                                  meta={"otlp_trace_id": trace, "otlp_span_id": s["span"]}))
             state["n"] += 1
-            state["last"] = result[:MAX_TEXT]
+            state["last"] = result
             state["seen"][s["span"]] = None
             while len(state["seen"]) > memory.max_spans:
                 state["seen"].pop(next(iter(state["seen"])))
-    if bare and warn is not None:
-        warn(f"{bare} tool span(s) carry no arguments or result: the instrumentation records "
-             f"no content; set {CAPTURE_SETTING} (or your instrumentation's equivalent)")
+    _warn_bare(bare, warn)
     return out

@@ -203,38 +203,19 @@ def held_service(ruled_policy_with: Any, tmp_path_factory: pytest.TempPathFactor
     """A live paging service (uvicorn, an SQLite store) screening with the tiny policy whose
     tool rule sends git_commit to a reviewer; its URL and a token of each role."""
     import io
-    import socket
-    import threading
-
-    import uvicorn
 
     from monitor.pipeline import load_screener
     from monitor.service.app import create_app
-    from monitor.service.auth import provision_store
-    from monitor.service.settings import PagingSettings
+    from tests.service.conftest import sqlite_service
+    from tests.service.helpers import serving
 
     policy = ruled_policy_with({"rules": [{"match": "git_commit", "action": "review"},
                                           {"match": "git_add", "action": "allow"}]})
-    url = f"sqlite:///{tmp_path_factory.mktemp('held')}/paging.db"
-    issued = provision_store(url, {f"{r}-1": r for r in ("producer", "reviewer")})
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    settings = PagingSettings(database_url=url, poll_interval_s=0.05, public_url=base,
-                              secret_key="test-secret-key-for-sessions")
-    app = create_app(settings, console=io.StringIO(),
-                     screener=load_screener(policy, reviewer=False))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    end = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < end, "the service did not start"
-        time.sleep(0.05)
-    yield base, {name[:-2]: token for name, token in issued.items()}
-    server.should_exit = True
-    thread.join(timeout=20)
-    sock.close()
+    store = sqlite_service(tmp_path_factory.mktemp("held"))
+    screener = load_screener(policy, reviewer=False)
+    with serving(lambda base: create_app(store.settings(public_url=base),
+                                         console=io.StringIO(), screener=screener)) as base:
+        yield base, store.tokens
 
 
 def _answer_the_page(base: str, token: str, harmful: bool, found: list[dict[str, Any]]

@@ -103,38 +103,12 @@ def test_monitor_screen_reads_an_otlp_file(
 def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
     """A live paging service (uvicorn, SQLite store, an in-memory bus where the steps go):
     its URL, its tokens, and the bus."""
-    import io
-    import socket
-    import threading
-    import time
+    from tests.service.conftest import sqlite_service
+    from tests.service.helpers import serving
 
-    import uvicorn
-
-    from monitor.service.app import create_app
-    from monitor.service.auth import provision_store
-    from monitor.service.settings import PagingSettings
-    from streams.bus import InMemoryBus
-
-    url = f"sqlite:///{tmp_path_factory.mktemp('otlp')}/paging.db"
-    issued = provision_store(url, {f"{r}-1": r for r in ("producer", "reviewer")})
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    bus = InMemoryBus()
-    app = create_app(PagingSettings(database_url=url, public_url=base, poll_interval_s=0.05,
-                                    secret_key="test-secret-key-for-sessions"),
-                     bus=bus, console=io.StringIO())
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    end = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < end, "the service did not start"
-        time.sleep(0.05)
-    yield base, {name[:-2]: token for name, token in issued.items()}, bus
-    server.should_exit = True
-    thread.join(timeout=20)
-    sock.close()
+    store = sqlite_service(tmp_path_factory.mktemp("otlp"))
+    with serving(lambda base: store.app(public_url=base)) as base:
+        yield base, store.tokens, store.bus
 
 
 def _steps(bus: Any) -> list[Any]:

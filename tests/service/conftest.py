@@ -83,6 +83,13 @@ class Service:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
 
 
+def sqlite_service(folder: Any) -> Service:
+    """An SQLite store in ``folder`` with a token of every role."""
+    url = f"sqlite:///{folder}/paging.db"
+    issued = provision_store(url, {f"{r}-1": r for r in ("producer", "reviewer", "admin")})
+    return Service(url, {name[:-2]: token for name, token in issued.items()})
+
+
 @pytest.fixture
 def service(database_url: str) -> Iterator[Service]:
     issued = provision_store(database_url, {f"{r}-1": r for r in ("producer", "reviewer", "admin")})

@@ -1,4 +1,5 @@
-"""Test helpers: events in the worker's shape, a real webhook receiver, waiting."""
+"""Test helpers: events in the worker's shape, a real webhook receiver, waiting, the app
+served live."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import json
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,3 +205,27 @@ def attributed_trigger(*, attribution: Any = None) -> dict[str, Any]:
     return {"event_action": "trigger", "dedup_key": f"{traj.trajectory_id}/m11",
             "payload": {"summary": "exec-h: uploaded the CI credentials after a README note",
                         "source": "rollout", "severity": "critical", "custom_details": details}}
+
+
+@contextmanager
+def serving(make_app: Callable[[str], Any]) -> Iterator[str]:
+    """The app ``make_app(base_url)`` builds, under uvicorn on a loopback port of its own
+    (lifespan and scheduler included), for clients that need a real server: a browser, an
+    MCP proxy in another process, the OpenTelemetry SDK's exporter. Yields its base URL."""
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(make_app(base), log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout=30)
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        sock.close()

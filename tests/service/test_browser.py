@@ -5,15 +5,12 @@ leave the queue. Screenshots are kept in ``runs/test-artifacts/`` (or $VIGIL_TES
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.webdriver.common.by import By
@@ -23,7 +20,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from streams.records import LabelRecord, decode
 from tests.service.conftest import Service
-from tests.service.helpers import attributed_trigger, trigger, wait_for
+from tests.service.helpers import attributed_trigger, serving, trigger, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("VIGIL_TEST_ARTIFACTS", ROOT / "runs" / "test-artifacts"))
@@ -34,19 +31,8 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 @pytest.fixture
 def live_server(service: Service) -> Iterator[str]:
     """The app under uvicorn on a loopback port of its own, lifespan and scheduler included."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
-    app = service.app(public_url=base)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=20)
-    yield base
-    server.should_exit = True
-    thread.join(timeout=20)
-    sock.close()
+    with serving(lambda base: service.app(public_url=base)) as base:
+        yield base
 
 
 @pytest.fixture

@@ -24,10 +24,9 @@ from monitor.pipeline import ActionCheck, Screener, load_screener
 from monitor.scorers.base import TierScorer, post_execution_signals
 from monitor.screening import ScreenStep
 from monitor.service.app import create_app
-from monitor.service.auth import provision_store
 from monitor.service.screen import READ_CHARS, ScreenQueue, policy_hash, text_chars
 from streams.records import Action, Step, Trajectory
-from tests.service.conftest import Service
+from tests.service.conftest import Service, sqlite_service
 from tests.service.helpers import png_data_uri
 from tests.service.test_cli import paging_cli
 from tests.service.test_schema import fuzz_operation
@@ -49,9 +48,7 @@ def screener(tiny_policy: Path) -> Screener:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Service:
     """An SQLite store with a token of every role (the screen endpoint keeps no state)."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('screen')}/paging.db"
-    issued = provision_store(url, {f"{r}-1": r for r in ("producer", "reviewer", "admin")})
-    return Service(url, {name[:-2]: token for name, token in issued.items()})
+    return sqlite_service(tmp_path_factory.mktemp("screen"))
 
 
 @pytest.fixture(scope="module")

@@ -86,13 +86,11 @@ def enqueue_event(
 )
 def event_decision(
     dedup_key: Annotated[str, Path(min_length=1, max_length=255)],
-    principal: PrincipalDep,
+    _: PrincipalDep,
     session: SessionDep,
 ) -> EventDecision:
     """`pending` until a reviewer's verdict on the trigger's page comes in after it
     (not harmful: `approved`; harmful: `rejected`), or the page is resolved without one
     (`rejected`). A producer holding an action for a human polls this with the key it
-    triggered (`monitor mcp --hold-timeout`). Producers and reviewers may read it."""
-    if not (principal.may("producer") or principal.may("reviewer")):
-        ensure_role(principal, "producer", "reading an event")
+    triggered (`monitor mcp --hold-timeout`). Any token may read it."""
     return paging.event_decision(session, dedup_key)
