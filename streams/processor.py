@@ -72,6 +72,18 @@ class Reject:
     reason: str
 
 
+@dataclass(frozen=True)
+class RawOutput:
+    """Bytes to publish as they are, for a topic another system reads in its own format
+    (the OTLP spans vigil's verdicts go back out as): not a vigil record, no vigil headers
+    beyond ``headers``."""
+
+    topic: str
+    value: bytes
+    key: str
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+
+
 def record_headers(record: Record, idempotency_key: str | None = None) -> dict[str, bytes]:
     headers = {H_KIND: record.kind.encode(), H_SCHEMA: str(SCHEMA_VERSION).encode()}
     if idempotency_key:
@@ -107,8 +119,11 @@ def dead_letter_record(
     return value, headers
 
 
-Handler = Callable[[Record, Message], Iterable[Output]]
-BatchHandler = Callable[[list[tuple[Record, Message]]], Iterable[Output | Reject]]
+Handler = Callable[[Record, Message], Iterable[Output | RawOutput]]
+BatchHandler = Callable[[list[tuple[Record, Message]]], Iterable[Output | RawOutput | Reject]]
+# reads one input topic's payloads in a format of its own (not vigil's JSON records): a
+# record, or RecordError (the message is dead-lettered with the reason)
+Decoder = Callable[[bytes], Record]
 Positions = Mapping[tuple[str, int], int]
 
 
@@ -158,7 +173,9 @@ class StreamProcessor:
     ``on_health(ok, reason)`` is called when delivery to the broker fails (``ok``
     false, with why) and again when it works again; ``ensure_topics`` are the topics
     made again on a broker that lacks them (the inputs and the dead-letter topic
-    always are).
+    always are). ``decoders`` read the topics another system writes in its own format (the
+    OpenTelemetry Collector's OTLP protobuf): a topic there is decoded by its decoder, not
+    as a JSON record.
     """
 
     def __init__(
@@ -178,6 +195,7 @@ class StreamProcessor:
         on_batch: Callable[[ProcessorStats], None] | None = None,
         ensure_topics: Sequence[str] = (),
         flush_timeout_s: float = 10.0,
+        decoders: Mapping[str, Decoder] | None = None,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ValueError("a StreamProcessor takes exactly one of handler and batch_handler")
@@ -195,6 +213,7 @@ class StreamProcessor:
         self.on_batch = on_batch
         self.ensure_topics = list(dict.fromkeys([*self.models, deadletter_topic, *ensure_topics]))
         self.flush_timeout_s = flush_timeout_s
+        self.decoders = dict(decoders or {})
         self.on_assigned: Callable[[], None] | None = None  # called once partitions arrive
         self.on_health: Callable[[bool, str], None] | None = None  # delivery lost / back
         # called at most every ``lag_every_s`` with the input lag per partition (metrics)
@@ -228,10 +247,19 @@ class StreamProcessor:
         kind = reason.split(":", 1)[0]
         self.stats.reasons[kind] = self.stats.reasons.get(kind, 0) + 1
 
-    def _emit(self, outputs: Iterable[Output | Reject]) -> None:
+    def _emit(self, outputs: Iterable[Output | RawOutput | Reject]) -> None:
         for out in outputs:
             if isinstance(out, Reject):
                 self.reject(out.message, out.reason)
+                continue
+            if isinstance(out, RawOutput):
+                try:
+                    self._publish(out.topic, out.value, out.key, out.headers)
+                except RecordTooLarge as e:
+                    self.reject(Message(out.topic, -1, -1, out.key, out.value, dict(out.headers)),
+                                f"output: {out.topic} payload too large ({e})")
+                    continue
+                self.stats.produced += 1
                 continue
             value = encode(out.record)
             headers = record_headers(out.record, out.idempotency_key)
@@ -262,7 +290,9 @@ class StreamProcessor:
                 )
                 continue
             try:
-                record = decode(m.value, self.models[m.topic])
+                decoder = self.decoders.get(m.topic)
+                record = (decoder(m.value) if decoder is not None
+                          else decode(m.value, self.models[m.topic]))
             except RecordError as e:
                 self.reject(m, f"invalid: {e}")
                 continue

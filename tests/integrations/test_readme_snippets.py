@@ -11,9 +11,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from tests.integrations.otel_runs import agent_runs
 from tests.integrations.test_default_policy import TASK, _agents_sdk, _langchain, runs
 from tests.integrations.test_mcp_proxy import _git_server, _repo, _run
-from tests.integrations.test_otlp import _agent_runs, _steps, receiver
+from tests.integrations.test_otlp import _steps, receiver
 from tests.worker.conftest import ROOT
 
 __all__ = ["receiver", "runs"]  # the fixtures, shared with test_default_policy, test_otlp
@@ -146,7 +147,7 @@ def test_the_otlp_exporter_settings_stream_tool_calls_to_the_receiver(
     before = len(_steps(bus))
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
-    _agent_runs(provider)
+    agent_runs(provider)
     assert provider.force_flush()
     got = _steps(bus)[before:]
     assert sorted(e.step.action.tool.name for e in got if e.step.action.tool) == [
