@@ -4,7 +4,9 @@ verdicts out.
     consume  vigil.steps.l0 (one micro-batch of L0Step records, from the screen stage)
     score    Screener.screen_escalated(...): L1 on the steps L0 escalated, gate 1 decided
     publish  Score(tier=1) for what L1 scored, Escalation(tier=2) with the trajectory so
-             far, and, at a rollout execution's final step, its RolloutVerdict
+             far, and, at a rollout execution's final step, its RolloutVerdict; a
+             deployment run whose trajectory score reaches the threshold goes to L2 once
+             (RunningRuns)
 
 Every step comes through, escalated or not, so the stage keeps each trajectory's history
 (as the screen stage does) and sees every step of a rollout execution; the models run on
@@ -26,7 +28,7 @@ from monitor.stream.gates import GateSketches, stage_processor
 from monitor.stream.history import fit_trajectory
 from monitor.stream.screen import ScreenedStep, StepHistories
 from monitor.stream.stats import Report, WorkerStats, clip01, finite, stderr
-from monitor.stream.verdicts import RolloutVerdicts
+from monitor.stream.verdicts import RolloutVerdicts, RunningRuns
 from streams.bus import Bus, Message
 from streams.config import Topics
 from streams.processor import Output, Positions, StreamProcessor
@@ -67,6 +69,10 @@ class ProbeStage:
                                         max_open_executions=max_open_executions,
                                         trajectory=screener.policy.trajectory,
                                         live=screener.live)
+        self.runs = (None if screener.policy.trajectory is None else
+                     RunningRuns(topics, screener.policy.trajectory,
+                                 self.rollouts.trajectory_threshold, self.stats,
+                                 max_runs=history_trajectories))
         self.on_step = on_step
         self.report = report
         self.sketches = (None if screener.live is None else
@@ -121,7 +127,9 @@ class ProbeStage:
                 self.on_step(ScreenedStep(e, v))
         # state changes only once the whole batch is scored
         self.histories.commit(events, pending)
-        for (r, m), v, c in zip(got, verdicts, canary, strict=True):
+        for (r, m), st, v, c in zip(got, steps, verdicts, canary, strict=True):
+            if self.runs is not None and not c:
+                outputs.extend(self.runs.track(r.event, st, v, now))
             if c:
                 if r.event.source == "rollout" and r.event.final and self.metrics is not None:
                     self.metrics.canaries_suppressed.labels(what="verdict").inc()

@@ -38,6 +38,7 @@ class WorkerStats:
     pages: int = 0
     verdicts: int = 0
     quarantined: int = 0
+    runs_to_review: int = 0  # runs (not rollouts) sent to L2 by their trajectory score
     trees: int = 0
     canaries: int = 0  # canary steps screened
     canaries_to_review: int = 0  # canary steps that reached L2 (the reviewer sees them too)
@@ -73,4 +74,6 @@ class WorkerStats:
                 f"{self.verdicts} rollout verdicts ({self.quarantined} quarantined), "
                 f"{dl} dead letters" + (f", {retried} batches retried" if retried else "")
                 + (f", {self.canaries} canary steps" if self.canaries else "")
+                + (f", {self.runs_to_review} runs to L2 by trajectory score"
+                   if self.runs_to_review else "")
             )

@@ -12,26 +12,35 @@ With the policy's trajectory section, a verdict also carries the execution's
 stage, kept in constant memory) and quarantines an execution whose score reaches the
 trajectory threshold: the calibrated one, or with ``--adapt`` the live one, which flags the
 trajectory budget of the executions this stage closed (:class:`monitor.adaptive.LiveGates`).
+
+Deployment trajectories have no final step, so no verdict closes them: :class:`RunningRuns`
+keeps each one's trajectory score as its steps come (the same aggregation, constant memory,
+the last ``max_runs`` runs) and the first time it reaches the trajectory threshold at a step
+no gate passed up, sends that step with the run so far to L2 (an
+:class:`~streams.records.Escalation` the review stage judges like any other), once a run.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from monitor.stream.stats import Report, WorkerStats, clip01
+from monitor.stream.history import fit_trajectory
+from monitor.stream.stats import Report, WorkerStats, clip01, finite
 from monitor.trajectory import RunningScores
 from streams.bus import Message
 from streams.config import Topics
 from streams.processor import Output, Positions
-from streams.records import RolloutVerdict, StepEvent
+from streams.records import Escalation, RolloutVerdict, StepEvent
 from streams.rollouts import QuietExecutions
 
 if TYPE_CHECKING:
     from dashboards.metrics import WorkerMetrics
     from monitor.adaptive import LiveGates
     from monitor.pipeline import StepVerdict
+    from monitor.screening import ScreenStep
     from monitor.trajectory import TrajectoryAggregation
 
 
@@ -169,3 +178,50 @@ class RolloutVerdicts:
             + (f" ({'; '.join(verdict.reasons[:3])})" if verdict.reasons else "")
         )
         return [Output(self.topics.verdicts_rollout, verdict, key=eid, idempotency_key=key)]
+
+
+@dataclass
+class _Run:
+    steps: RunningScores = field(default_factory=RunningScores)
+    sent: bool = False  # the run reached L2 by its trajectory score (or a step of it did)
+
+
+class RunningRuns:
+    """The running trajectory score of each deployment run this stage sees; the run goes to
+    L2 once, the first time the score reaches the trajectory threshold. A run already at L2
+    by a step's own gate counts as sent: the judge reads the run so far with that step."""
+
+    def __init__(self, topics: Topics, trajectory: TrajectoryAggregation, threshold:
+                 Callable[[], float], stats: WorkerStats, *, max_runs: int = 10_000) -> None:
+        self.topics, self.trajectory, self.threshold = topics, trajectory, threshold
+        self.stats, self.max_runs = stats, max_runs
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
+
+    def track(self, e: StepEvent, st: ScreenStep, v: StepVerdict, now: float) -> list[Output]:
+        """Count one screened step of a run that is not a rollout execution; the run's
+        escalation to L2 if its trajectory score has just reached the threshold."""
+        if e.source == "rollout":  # an execution: its verdict closes it
+            return []
+        run = self._runs.pop(e.trajectory_id, None) or _Run()
+        self._runs[e.trajectory_id] = run
+        while len(self._runs) > self.max_runs:
+            self._runs.popitem(last=False)
+        run.steps.add(clip01(v.score))
+        if run.sent:
+            return []
+        if v.tier >= 2:
+            run.sent = True
+            return []
+        score, threshold = self.trajectory.score(run.steps), self.threshold()
+        if score < threshold:
+            return []
+        run.sent = True
+        self.stats.add("runs_to_review")
+        up = Escalation(
+            trajectory_id=e.trajectory_id, step_id=st.step_id, source=e.source, tier=2,
+            score=clip01(score), signals=finite(v.signals), created_at=now,
+            reason=f"trajectory score {score:.3f} >= threshold {threshold:.3f} over "
+                   f"{run.steps.n} steps",
+            trajectory=fit_trajectory(st.trajectory_so_far()))
+        return [Output(self.topics.escalations, up, key=e.trajectory_id,
+                       idempotency_key=up.idempotency_key)]

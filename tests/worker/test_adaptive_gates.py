@@ -136,3 +136,76 @@ def test_rollout_verdicts_carry_the_trajectory_verdict_and_its_live_threshold(
     assert 0 < flagged_by_score < len(runs)
     out.close()
     bus.close()
+
+
+def test_a_deployment_run_goes_to_l2_once_when_its_trajectory_score_reaches_the_threshold(
+    kafka_settings: KafkaSettings, topics: Topics, narrow_policy: Path, small_agentdojo: Path,
+    unique: str,
+) -> None:
+    """Deployment runs never end, so no verdict closes them: the probe stage keeps each one's
+    running trajectory score and, the first time it reaches the threshold at a step no gate
+    passed up, escalates that step with the run so far to L2, once a run; a run that stays
+    below it, or whose steps went to L2 on their own first, gets no such escalation."""
+    from dataclasses import replace
+
+    from monitor.stream.probe import ProbeStage
+    from monitor.trajectory import RunningScores
+    from tests.worker.conftest import Outputs
+
+    bus = KafkaBus(kafka_settings)
+    bus.ensure_topics(topics.all())
+    runs = _slack(small_agentdojo, 2)
+    for t in runs:
+        for e in step_events(t):
+            publish_record(bus, topics.steps_deployment, e, key=e.trajectory_id)
+    bus.flush()
+    out = Outputs(bus, topics, f"{unique}.reader")
+    screen = ScreenStage(load_screener(narrow_policy, reviewer=False), topics, report=print)
+    screen.processor(bus, f"{unique}.screen", batch_size=16).run(idle_timeout_s=3.0)
+    steps = sum(len(t.steps) for t in runs)
+    assert out.read_until(lambda o: len(o.keys(topics.scores, tier=0)) >= steps, 60)
+    screener = load_screener(narrow_policy, reviewer=False)
+    agg = screener.policy.trajectory
+    assert agg is not None
+    # a threshold half the runs reach on their L0 scores, so both outcomes occur
+    l0 = {(r["trajectory_id"], r["step_id"]): r["score"] for r in
+          (json.loads(m.value) for m in out.of(topics.scores)) if r["tier"] == 0}
+    peaks = []
+    for t in runs:
+        running = RunningScores()
+        for s in t.steps:
+            running.add(l0[(t.trajectory_id, s.step_id)])
+        peaks.append(agg.score(running))
+    agg = replace(agg, threshold=sorted(peaks)[len(peaks) // 2])
+    screener.policy = replace(screener.policy, trajectory=agg)
+    probe = ProbeStage(screener, topics, report=print)
+    probe.processor(bus, f"{unique}.probe", batch_size=16).run(idle_timeout_s=3.0)
+    out.read_until(lambda o: False, 3)  # what the probe stage wrote
+    deepest: dict[tuple[str, str], dict] = {}
+    for m in out.of(topics.scores):
+        r = json.loads(m.value)
+        key = (r["trajectory_id"], r["step_id"])
+        if key not in deepest or r["tier"] > deepest[key]["tier"]:
+            deepest[key] = r
+    expected = {}
+    for t in runs:  # the first step where the run's score reaches it, unless L2 came first
+        running = RunningScores()
+        for s in t.steps:
+            d = deepest[(t.trajectory_id, s.step_id)]
+            running.add(d["score"])
+            if d["tier"] == 1 and d["flagged"]:  # passed up by the L1 gate: at L2 already
+                break
+            if agg.score(running) >= agg.threshold:
+                expected[t.trajectory_id] = s.step_id
+                break
+    by_run = [json.loads(m.value) for m in out.of(topics.escalations)]
+    by_run = [e for e in by_run if e["reason"].startswith("trajectory score")]
+    got = {e["trajectory_id"]: e["step_id"] for e in by_run}
+    assert len(got) == len(by_run)  # once a run
+    assert got == expected
+    assert 0 < len(got) < len(runs)
+    assert probe.stats.runs_to_review == len(got) and not out.of(topics.deadletter)
+    first = by_run[0]
+    assert first["tier"] == 2 and first["trajectory"]["steps"][-1]["step_id"] == first["step_id"]
+    out.close()
+    bus.close()
