@@ -72,8 +72,9 @@ class JudgeTrainConfig:
     freeze_embeddings: bool = False
     # keep only the first N decoder blocks (a truncated judge: L1's cheap verdict); None: all
     layers: int | None = None
-    # the read-only twins of hijacked runs as safe examples (examples.judge_examples)
-    twins: bool = True
+    # the read-only twins of hijacked runs as safe examples (examples.judge_examples); off
+    # as in every recipe (monitor.judge_recipe.JudgeRecipe.twins says why)
+    twins: bool = False
 
     def __post_init__(self) -> None:
         if self.bf16 is None:
