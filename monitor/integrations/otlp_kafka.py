@@ -130,33 +130,28 @@ def _attributes(values: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"key": k, "value": _any(v)} for k, v in values.items()]
 
 
+def _is_hex(text: str, length: int) -> bool:
+    return len(text) == length and all(c in "0123456789abcdef" for c in text)
+
+
 def verdict_request(score: Score) -> dict[str, Any] | None:
     """The ``ExportTraceServiceRequest`` (JSON mapping) that carries ``score`` back to its
     trace as a ``vigil.verdict`` span; None for a step that did not come from a trace."""
     trace = score.trajectory_id.removeprefix("otlp/")
-    if trace == score.trajectory_id or len(trace) != 32:
+    if trace == score.trajectory_id or not _is_hex(trace, 32):
         return None
-    try:
-        bytes.fromhex(trace)
-    except ValueError:
-        return None
-    parent = score.step_id if len(score.step_id) == 16 else ""
-    try:
-        bytes.fromhex(parent)
-    except ValueError:
-        parent = ""
-    span_id = hashlib.blake2b(f"{score.idempotency_key}".encode(), digest_size=8).hexdigest()
+    parent = score.step_id if _is_hex(score.step_id, 16) else ""
+    span_id = hashlib.blake2b(score.idempotency_key.encode(), digest_size=8).hexdigest()
     at = str(int(score.created_at * 1e9))
-    facts: dict[str, Any] = {"vigil.tier": score.tier, "vigil.score": float(score.score),
-                             "vigil.flagged": bool(score.flagged)}
-    facts.update({f"vigil.signal.{k}": float(v) for k, v in sorted(score.signals.items())})
+    verdict: dict[str, Any] = {"vigil.tier": score.tier, "vigil.score": float(score.score),
+                               "vigil.flagged": bool(score.flagged)}
+    signals = {f"vigil.signal.{k}": float(v) for k, v in sorted(score.signals.items())}
     span: dict[str, Any] = {
         "traceId": trace, "spanId": span_id, "name": "vigil.verdict", "kind": 1,
         "startTimeUnixNano": at, "endTimeUnixNano": at,
-        "attributes": _attributes({"vigil.tier": score.tier, "vigil.score": float(score.score),
-                                   "vigil.flagged": bool(score.flagged)}),
+        "attributes": _attributes(verdict),
         "events": [{"timeUnixNano": at, "name": "vigil.verdict",
-                    "attributes": _attributes(facts)}],
+                    "attributes": _attributes({**verdict, **signals})}],
     }
     if parent:
         span["parentSpanId"] = parent
