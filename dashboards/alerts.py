@@ -3,7 +3,7 @@
 
 * ``VigilStageFallingBehind``: a stage is more than ``LAG_RECORDS`` records behind and the
   lag still grows after ``FOR_LAG``. Nothing is dropped when L1 or L2 cannot keep up; the
-  lag grows instead. Scale the stage out (README, "Scaling").
+  lag grows instead. Scale the stage out (docs/dashboards.md, "Alerts and scaling").
 * ``VigilGateOverBudget``: a stream sends more than 1.25 times the L0 budget of its real
   steps to L1 for ``FOR_BUDGET`` (new traffic the models were not trained on; run the screen
   stage with ``--adapt``, or recalibrate).

@@ -2,8 +2,8 @@
 
 Every metric lives in the registry it is given (tests pass a fresh
 ``CollectorRegistry()``); nothing registers at import. The names are the
-contract the dashboards (``dashboards.boards``), ``monitor report`` and the
-README rely on:
+contract the dashboards (``dashboards.boards``), ``monitor report`` and
+``docs/dashboards.md`` rely on:
 
 worker (``monitor stream --metrics-port``)
     vigil_steps_total{stream, tier, canary}         steps that reached tier 0..3

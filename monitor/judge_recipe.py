@@ -3,8 +3,8 @@ full ``calibrate --defaults`` (:data:`JUDGE`), and the demo's small one (:data:`
 
 Kept apart from :mod:`monitor.reviewer.train` so the command line reads its defaults without
 importing numpy or torch. Why these: full fine-tuning with level-2 evidence on a 300-character
-view transfers to tools never trained on where a LoRA adapter does not (README, "Full
-fine-tuning transfers where LoRA does not"; ``bench/results/judge_full_*.json``).
+view transfers to tools never trained on where a LoRA adapter does not (docs/reviewer.md,
+"Full fine-tuning transfers where LoRA does not"; ``bench/results/judge_full_*.json``).
 """
 
 from __future__ import annotations

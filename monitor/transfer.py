@@ -1,7 +1,7 @@
 """Transfer: how well detection carries to a domain its fit never saw (leave-one-domain-out).
 
-The protocol (``bench/transfer_bench.py`` runs it; the README's "Measuring transfer"
-section says what the figures mean):
+The protocol (``bench/transfer_bench.py`` runs it; ``docs/transfer.md`` says what the
+figures mean):
 
 1. A :class:`Corpus` is every step of the training splits (``train``, ``val``) of the
    training datasets, each with its domain (:mod:`worldmodel.datasets.domains`), its label

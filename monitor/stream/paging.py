@@ -84,7 +84,7 @@ def page_event(
     *,
     attribution: Mapping[str, Any] | None = None,
 ) -> EventCreate:
-    """The trigger event of a tier-3 step: dedup key ``trajectory_id/step_id`` (README);
+    """The trigger event of a tier-3 step: dedup key ``trajectory_id/step_id`` (docs/service.md);
     ``attribution``: the harm attribution of the trajectory so far, when there is one.
     Raises :class:`PageRejected` when the event does not validate."""
     traj = escalation.trajectory
