@@ -32,6 +32,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,19 +48,42 @@ log = logging.getLogger(__name__)
 Embed = Callable[[Sequence[str]], np.ndarray]  # thumbnails (data URIs) → (N, D) embeddings
 
 
+def vision_embedder(bundle: str | Path) -> Embed:
+    """The vision tower of the world-model bundle at ``bundle`` as an :data:`Embed`, loaded on
+    first use (a run with no thumbnails never loads it); the bundle's files are checked now."""
+    from worldmodel.score import WEIGHTS_FILE
+
+    path = Path(bundle).expanduser()
+    if not (path / "config.json").exists() or not (path / WEIGHTS_FILE).exists():
+        raise FileNotFoundError(f"{path}: not a world-model bundle (no config.json and weights)")
+    loaded: list[Embed] = []
+
+    def embed(thumbnails: Sequence[str]) -> np.ndarray:
+        if not loaded:
+            from worldmodel.vision import ImageEmbedder
+
+            loaded.append(ImageEmbedder.load(path).embed)
+        return loaded[0](thumbnails)
+
+    return embed
+
+
 @dataclass(frozen=True)
 class ArtConfig:
     """Alert bounds of an ART run; every baseline is the run's own first versions."""
 
-    baseline_versions: int = 5
+    baseline_versions: int = 8
     z_floor: float = 1e-3  # Z_c below this: the prompt carries no learning signal
     no_signal_share: float = 0.25  # alert when the share of such prompts is above this ...
     no_signal_rise: float = 0.15  # ... and this much above its baseline
     mask_rise: float = 0.1  # alert when the masked share is this much over its baseline ...
     mask_sd: float = 4.0  # ... and this many baseline standard deviations
     drift_growth: float = 2.0  # alert when mean ‖d‖ exceeds this factor of its baseline
-    collapse_drop: float = 0.35  # alert when a prompt's diversity falls by this share ...
+    collapse_drop: float = 0.5  # alert when a prompt's diversity falls by this share ...
+    collapse_sd: float = 3.0  # ... and this many baseline sd (of log diversity) ...
+    collapse_window: int = 2  # ... averaged over this many versions, ...
     collapse_reward_rise: float = 0.0  # ... while its reward is above its baseline by this
+    collapse_reward_sd: float = 2.0  # ... and this many baseline sd
     divergence_sd: float = 1.0  # a head's change minus the others' median, in baseline sd,
     divergence_window: int = 3  # ... over this many versions
     trend_window: int = 5  # versions in the masked share's trend (slope per version)
@@ -184,29 +208,34 @@ def no_signal_alert(closed: Sequence[ArtVersionSignals], cfg: ArtConfig) -> Aler
 def collapse_alert(
     history: Sequence[PromptSignals], cfg: ArtConfig
 ) -> tuple[Alert | None, bool]:
-    """``(alert, judged)`` for one prompt's versions: its latest reward is above its
-    baseline while its endpoints' diversity fell by ``collapse_drop`` of the baseline."""
-    seen = [p for p in history if p.diversity is not None]
-    if len(seen) <= cfg.baseline_versions:
+    """``(alert, judged)`` for one prompt's versions: over the last ``collapse_window``
+    versions its endpoints' diversity (log, averaged) fell below its baseline by more than
+    ``log 1/(1 − collapse_drop)`` and ``collapse_sd`` baseline sd, while its reward rose
+    ``collapse_reward_sd`` baseline sd (and ``collapse_reward_rise``) above its baseline."""
+    seen = [p for p in history if p.diversity is not None and p.diversity > 0]
+    if len(seen) < cfg.baseline_versions + cfg.collapse_window:
         return None, False
     base = seen[: cfg.baseline_versions]
-    base_div = float(np.median([p.diversity for p in base]))
-    base_reward = float(np.mean([p.reward_mean for p in base]))
+    logs = np.log([p.diversity for p in base])
+    rewards = np.array([p.reward_mean for p in base])
+    recent = seen[-cfg.collapse_window :]
+    drop = float(logs.mean() - np.mean(np.log([p.diversity for p in recent])))
+    need_drop = max(-np.log(1.0 - cfg.collapse_drop), cfg.collapse_sd * float(logs.std()))
     cur = seen[-1]
-    assert cur.diversity is not None
-    bound = (1.0 - cfg.collapse_drop) * base_div
-    rising = cur.reward_mean > base_reward + cfg.collapse_reward_rise
-    if not (rising and cur.diversity < bound):
+    rise = cur.reward_mean - float(rewards.mean())
+    need_rise = max(cfg.collapse_reward_rise, cfg.collapse_reward_sd * float(rewards.std()))
+    if not (drop > need_drop and rise > need_rise):
         return None, True
+    base_div, now_div = float(np.exp(logs.mean())), float(np.exp(logs.mean() - drop))
     return (
         Alert(
             "art_collapse",
             cur.version,
-            cur.diversity,
-            bound,
-            f"prompt {cur.prompt_id} at version {cur.version}: reward {base_reward:.3f} → "
-            f"{cur.reward_mean:.3f} while its endpoints collapse (diversity {base_div:.3f} → "
-            f"{cur.diversity:.3f}): possible reward hacking or mode collapse",
+            now_div,
+            float(np.exp(logs.mean() - need_drop)),
+            f"prompt {cur.prompt_id} at version {cur.version}: reward {rewards.mean():.3f} → "
+            f"{cur.reward_mean:.3f} while its endpoints collapse onto each other (diversity "
+            f"{base_div:.3g} → {now_div:.3g}): possible reward hacking or mode collapse",
             subject=cur.prompt_id,
         ),
         True,

@@ -29,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from monitor.rlhealth.alerts import Alert
 from monitor.rlhealth.formulas import (
     guidance_direction,
     kl_proxy,
@@ -183,7 +184,7 @@ def simulate_art_run(
             )
         mask = by_kind.get("mask")
         if mask is not None and v >= mask.onset:
-            step *= 1.6
+            step = min(step * 1.6, 8.0)
         masked, norm, dot = _trainer_states(rng, directions, step, states)
         records.append(
             ArtIteration(
@@ -198,3 +199,43 @@ def simulate_art_run(
             )
         )
     return SimulatedArtRun(records, iterations, prompts, k, failures, collapsed)
+
+
+# which alerts find each failure (the subject, where one is named, must match)
+EXPECTED: dict[FailureKind, tuple[str, ...]] = {
+    "mask": ("art_mask", "art_drift"),
+    "collapse": ("art_collapse",),
+    "gamed_head": ("art_reward_divergence",),
+}
+
+
+def _finds(alert: Alert, failure: ArtFailure, run: SimulatedArtRun) -> bool:
+    if alert.kind not in EXPECTED[failure.kind]:
+        return False
+    if failure.kind == "collapse":
+        return alert.subject in run.collapsed_prompts
+    if failure.kind == "gamed_head":
+        return alert.subject == failure.head
+    return True
+
+
+def score_alerts(run: SimulatedArtRun, alerts: list[Alert]) -> dict[str, object]:
+    """Per injected failure, the detection delay in iterations (first alert that finds it,
+    at or after its onset; None: missed), and the false alarms: alerts that find no injected
+    failure, or come before the first onset."""
+    first_onset = min((f.onset for f in run.failures), default=run.iterations)
+    delays: dict[str, int | None] = {}
+    for f in run.failures:
+        hits = [a.version for a in alerts if a.version is not None and a.version >= f.onset
+                and _finds(a, f, run)]
+        delays[f.kind] = min(hits) - f.onset if hits else None
+    false = [
+        a for a in alerts
+        if a.version is None or a.version < first_onset
+        or not any(_finds(a, f, run) for f in run.failures)
+    ]
+    return {
+        "delays": delays,
+        "false_alarms": len(false),
+        "false_alarm_kinds": sorted({a.kind for a in false}),
+    }

@@ -515,9 +515,10 @@ def rlhealth_processor(
 
 
 def monitor_records(
-    records: Iterable[Record], monitor: RLHealthMonitor
+    records: Iterable[Record], monitor: RLHealthMonitor, art: ArtMonitor | None = None
 ) -> tuple[RLHealthMonitor, dict[str, int]]:
-    """Offline: feed a file's TITO records through ``monitor`` in file order.
+    """Offline: feed a file's TITO records through ``monitor`` in file order (and its ART
+    records through ``art``, when given).
 
     An execution is observed when its end record arrives (a call after its
     end is late, as in the stream); what never ended is observed at the end.
@@ -532,9 +533,14 @@ def monitor_records(
             counts[asm.add_end(r)] += 1
             for tree in asm.pop_completed([r.execution_id]):
                 monitor.observe(tree)
+        elif art is not None and isinstance(r, MediaRollout | ArtIteration):
+            counts[r.kind] += 1
+            art.observe(r)
         else:
             counts["skipped"] += 1
     for tree in asm.flush():
         monitor.observe(tree)
     monitor.finish()
+    if art is not None:
+        art.finish()
     return monitor, dict(counts)
