@@ -85,8 +85,16 @@ class StepHistories:
         for tid, got in pending.items():
             self.history.add(tid, got.values())
         for e in events:
-            if e.final:  # the trajectory is over: its history is not needed any more
+            if e.final and _ends_trajectory(e):  # its history is not needed any more
                 self.history.forget(e.trajectory_id)
+
+
+def _ends_trajectory(e: StepEvent) -> bool:
+    """Whether a final step ends its trajectory: it does unless it ends an execution that is
+    only part of it (an ART group of a prompt whose trajectory runs across policy versions,
+    ``monitor.rlhealth.art_steps``), whose later steps keep reading the earlier ones."""
+    execution = e.meta.get("execution_id") if e.meta else None
+    return not isinstance(execution, str) or execution == e.trajectory_id
 
 
 def _digest(e: StepEvent) -> bytes:
