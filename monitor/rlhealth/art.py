@@ -85,7 +85,7 @@ class ArtConfig:
     collapse_reward_rise: float = 0.0  # ... while its reward is above its baseline by this
     collapse_reward_sd: float = 2.0  # ... and this many baseline sd
     divergence_sd: float = 1.0  # a head's change minus the others' median, in baseline sd,
-    divergence_window: int = 3  # ... over this many versions
+    divergence_window: int = 3  # ... over this many versions (sd: within a prompt's K)
     trend_window: int = 5  # versions in the masked share's trend (slope per version)
     close_lag: int | None = 1
     close_after_s: float | None = None
@@ -209,30 +209,33 @@ def collapse_alert(
     history: Sequence[PromptSignals], cfg: ArtConfig
 ) -> tuple[Alert | None, bool]:
     """``(alert, judged)`` for one prompt's versions: over the last ``collapse_window``
-    versions its endpoints' diversity (log, averaged) fell below its baseline by more than
-    ``log 1/(1 − collapse_drop)`` and ``collapse_sd`` baseline sd, while its reward rose
+    versions its endpoints' diversity (log, averaged) fell below its baseline (median) by more
+    than ``log 1/(1 − collapse_drop)`` and ``collapse_sd`` baseline sd (from the MAD), while
+    its reward rose
     ``collapse_reward_sd`` baseline sd (and ``collapse_reward_rise``) above its baseline."""
     seen = [p for p in history if p.diversity is not None and p.diversity > 0]
     if len(seen) < cfg.baseline_versions + cfg.collapse_window:
         return None, False
     base = seen[: cfg.baseline_versions]
     logs = np.log([p.diversity for p in base])
+    centre = float(np.median(logs))  # median and MAD: one odd baseline version moves neither
+    spread = 1.4826 * float(np.median(np.abs(logs - centre)))
     rewards = np.array([p.reward_mean for p in base])
     recent = seen[-cfg.collapse_window :]
-    drop = float(logs.mean() - np.mean(np.log([p.diversity for p in recent])))
-    need_drop = max(-np.log(1.0 - cfg.collapse_drop), cfg.collapse_sd * float(logs.std()))
+    drop = centre - float(np.mean(np.log([p.diversity for p in recent])))
+    need_drop = max(-np.log(1.0 - cfg.collapse_drop), cfg.collapse_sd * spread)
     cur = seen[-1]
     rise = cur.reward_mean - float(rewards.mean())
     need_rise = max(cfg.collapse_reward_rise, cfg.collapse_reward_sd * float(rewards.std()))
     if not (drop > need_drop and rise > need_rise):
         return None, True
-    base_div, now_div = float(np.exp(logs.mean())), float(np.exp(logs.mean() - drop))
+    base_div, now_div = float(np.exp(centre)), float(np.exp(centre - drop))
     return (
         Alert(
             "art_collapse",
             cur.version,
             now_div,
-            float(np.exp(logs.mean() - need_drop)),
+            float(np.exp(centre - need_drop)),
             f"prompt {cur.prompt_id} at version {cur.version}: reward {rewards.mean():.3f} → "
             f"{cur.reward_mean:.3f} while its endpoints collapse onto each other (diversity "
             f"{base_div:.3g} → {now_div:.3g}): possible reward hacking or mode collapse",
@@ -321,7 +324,7 @@ class ArtMonitor:
         self._closed_upto: int | None = None
         self._prompts: dict[str, list[PromptSignals]] = defaultdict(list)
         self._weights: dict[str, float] = {}
-        self._head_moments: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+        self._head_moments: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
 
     def _arrive(self, version: int, now: float) -> bool:
         """Note a record of ``version``; False when that version is closed already."""
@@ -394,11 +397,10 @@ class ArtMonitor:
         for p in prompts:
             self._prompts[p.prompt_id].append(p)
             if len(self.closed) < self.config.baseline_versions:  # the heads' baseline spread
-                for h, m in p.head_means.items():
+                for h, m in p.head_means.items():  # within a prompt's K endpoints, pooled
                     acc = self._head_moments[h]
                     acc[0] += p.endpoints
-                    acc[1] += m * p.endpoints
-                    acc[2] += p.head_sq_means[h] * p.endpoints
+                    acc[1] += max(p.head_sq_means[h] - m * m, 0.0) * p.endpoints
         self.closed.append(self._version_signals(v, prompts, it))
         out: list[Alert] = []
         collapsed = []
@@ -418,11 +420,9 @@ class ArtMonitor:
         return out + self._judge(vs)
 
     def _head_spread(self) -> dict[str, float]:
-        out = {}
-        for h, (n, s, sq) in self._head_moments.items():
-            if n > 1:
-                out[h] = float(np.sqrt(max(sq / n - (s / n) ** 2, 0.0)))
-        return out
+        """Per reward model: the baseline's spread of its scores within one prompt's K
+        endpoints (the yardstick of a head's change; prompts differ far more than that)."""
+        return {h: float(np.sqrt(var / n)) for h, (n, var) in self._head_moments.items() if n}
 
     def _version_signals(
         self, v: int, prompts: list[PromptSignals], it: ArtIteration | None

@@ -88,7 +88,8 @@ def media_step_events(rollout: MediaRollout) -> list[StepEvent]:
     k = len(rollout.endpoints)
     tid = media_trajectory_id(rollout.run_id, rollout.prompt_id)
     meta = {"execution_id": rollout.rollout_id, "run_id": rollout.run_id,
-            "prompt_id": rollout.prompt_id, "policy_version": rollout.policy_version}
+            "prompt_id": rollout.prompt_id, "policy_version": rollout.policy_version,
+            "trajectory_continues": True}  # the prompt's next versions extend it
     before = Observation(text=f"Prompt {rollout.prompt_id} at policy version "
                               f"{rollout.policy_version}: {k} endpoints to sample.")
     events = []

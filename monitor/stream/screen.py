@@ -90,11 +90,10 @@ class StepHistories:
 
 
 def _ends_trajectory(e: StepEvent) -> bool:
-    """Whether a final step ends its trajectory: it does unless it ends an execution that is
-    only part of it (an ART group of a prompt whose trajectory runs across policy versions,
-    ``monitor.rlhealth.art_steps``), whose later steps keep reading the earlier ones."""
-    execution = e.meta.get("execution_id") if e.meta else None
-    return not isinstance(execution, str) or execution == e.trajectory_id
+    """Whether a final step ends its trajectory: it does unless its producer says the
+    trajectory goes on (``meta.trajectory_continues``: an ART group ends, the prompt's
+    trajectory runs on across policy versions, ``monitor.rlhealth.art_steps``)."""
+    return not (e.meta and e.meta.get("trajectory_continues") is True)
 
 
 def _digest(e: StepEvent) -> bytes:
