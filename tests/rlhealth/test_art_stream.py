@@ -43,7 +43,7 @@ def test_art_rollouts_stream_to_alerts_screened_steps_and_dead_letters(
     }
     monitor = [sys.executable, "-m", "monitor.cli"]
     replay = subprocess.run(
-        [*monitor, "replay", str(path), "--create-topics"],
+        [*monitor, "replay", str(path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert replay.returncode == 0, replay.stderr
@@ -70,7 +70,8 @@ def test_art_rollouts_stream_to_alerts_screened_steps_and_dead_letters(
     assert len(steps) == n_steps
     assert Counter(s.trajectory_id for s in steps) == {f"art/art-sim/p{c:03d}": 14 * 4
                                                        for c in range(3)}  # fmt: skip
-    assert all(s.source == "rollout" and s.step.observation.screenshot for s in steps)
+    assert all(s.source == "rollout" and s.step.result and s.step.result.screenshot
+               for s in steps)  # fmt: skip
     # the alert as a flagged score, subject the gamed reward model
     published = int(re.search(r"published (\d+)", stream.stdout).group(1))  # type: ignore[union-attr]
     out = drain(bus, topics.scores, f"{unique}.sc", published - n_steps)
