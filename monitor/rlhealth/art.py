@@ -216,13 +216,13 @@ def collapse_alert(
     seen = [p for p in history if p.diversity is not None and p.diversity > 0]
     if len(seen) < cfg.baseline_versions + cfg.collapse_window:
         return None, False
+    diversity = np.array([p.diversity for p in seen], dtype=np.float64)
     base = seen[: cfg.baseline_versions]
-    logs = np.log([p.diversity for p in base])
+    logs = np.log(diversity[: cfg.baseline_versions])
     centre = float(np.median(logs))  # median and MAD: one odd baseline version moves neither
     spread = 1.4826 * float(np.median(np.abs(logs - centre)))
     rewards = np.array([p.reward_mean for p in base])
-    recent = seen[-cfg.collapse_window :]
-    drop = centre - float(np.mean(np.log([p.diversity for p in recent])))
+    drop = centre - float(np.mean(np.log(diversity[-cfg.collapse_window :])))
     need_drop = max(-np.log(1.0 - cfg.collapse_drop), cfg.collapse_sd * spread)
     cur = seen[-1]
     rise = cur.reward_mean - float(rewards.mean())

@@ -157,7 +157,7 @@ def simulate_art_run(
             gamed = by_kind.get("gamed_head")
             if gamed is not None and v >= gamed.onset:
                 heads[gamed.head] = heads[gamed.head] + 0.06 * (v - gamed.onset + 1)
-            scalar = sum(WEIGHTS[h] * heads[h] for h in HEADS)
+            scalar = np.sum([WEIGHTS[h] * heads[h] for h in HEADS], axis=0)
             g = guidance_direction(scalar, x)
             directions.append(g)
             z_c[pid] = reward_normaliser(scalar)
