@@ -173,7 +173,9 @@ def test_a_clean_run_raises_no_alert() -> None:
 # --- the command -------------------------------------------------------------------------
 
 
-def test_simulate_art_then_report_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_art_then_report_offline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "art.jsonl"
     args = ["rlhealth", "--simulate-art", str(run), "--iterations", "16",
             "--art-failure", "gamed_head:10"]  # fmt: skip
