@@ -67,10 +67,10 @@ def load_held_out(datasets: list[str], split: str) -> Any:
 
 
 def quality(args: argparse.Namespace) -> dict[str, Any]:
-    from dashboards.recall import auroc
     from monitor.defaults import ensure_policy
     from monitor.pipeline import load_screener
     from monitor.tiers import TIERS
+    from vigil.metrics import auroc
 
     screener = load_screener(ensure_policy(args.policy))
     out: dict[str, Any] = {

@@ -40,8 +40,8 @@ from probes.capture import ExtractStats, Template, extract  # noqa: E402
 from probes.models import load_probe_model  # noqa: E402
 from probes.pipeline import evaluate_bundle, load_steps, train_probe  # noqa: E402
 from probes.plots import plot_sweep  # noqa: E402
-from probes.sweep import auroc  # noqa: E402
 from vigil.lm import parse_layers  # noqa: E402
+from vigil.metrics import auroc  # noqa: E402
 from vigil.paths import dataset, probe_cache  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

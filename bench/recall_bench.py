@@ -91,7 +91,6 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
     from dashboards.ground_truth import reached_counts
     from dashboards.metrics import WorkerMetrics
     from dashboards.prometheus import LocalPrometheus
-    from dashboards.recall import wilson_interval
     from dashboards.report import recall_from_prometheus, recall_over_time, render_report
     from monitor.defaults import ensure_default_canaries
     from monitor.pipeline import load_screener
@@ -102,6 +101,7 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
     from streams.kafka import KafkaBus
     from streams.processor import publish_record
     from streams.records import step_events
+    from vigil.metrics import wilson_interval
 
     data = vigil.paths.dataset("agentdojo")
     trajectories = _held_out(data, args.trajectories, args.seed)

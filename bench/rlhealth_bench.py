@@ -13,6 +13,15 @@ Two measurements on one synthetic RL run (``monitor.rlhealth.simulate``):
   the last execution observed.
 
 Writes bench/results/rlhealth.json (command, data, figures, machine).
+
+    python bench/rlhealth_bench.py --art [--seeds 5 --clean-seeds 2 --clean-iterations 200]
+
+ART (image / video generation, ``monitor.rlhealth.art_simulate``): for each injected failure
+(mask share climbing, endpoint collapse, a gamed reward model) on ``--seeds`` runs, the
+detection delay (iterations from onset to the first alert that finds it) and the false
+alarms; on ``--clean-seeds`` clean runs of ``--clean-iterations``, every alert is a false
+alarm. Diversity is measured with the shipped world model's vision tower, as
+``monitor rlhealth`` does by default. Writes bench/results/rlhealth_art.json.
 """
 
 from __future__ import annotations
@@ -142,6 +151,93 @@ def through_kafka(
     }
 
 
+def art_detection(args: argparse.Namespace) -> dict[str, object]:
+    """Detection delay and false alarms per injected failure kind, and on clean runs."""
+    import logging
+
+    from monitor.rlhealth.art import ArtMonitor, vision_embedder
+    from monitor.rlhealth.art_simulate import (
+        FAILURE_KINDS,
+        ArtFailure,
+        score_alerts,
+        simulate_art_run,
+    )
+    from monitor.shipped import shipped_dir
+
+    logging.getLogger("monitor.rlhealth.art").setLevel(logging.ERROR)
+    embed = vision_embedder(shipped_dir() / "worldmodel")
+    timing = {"endpoints": 0, "seconds": 0.0}
+
+    def one(failures: tuple[ArtFailure, ...], iterations: int, seed: int) -> dict[str, object]:
+        run = simulate_art_run(iterations=iterations, prompts=args.prompts, k=args.k,
+                               failures=failures, seed=seed)  # fmt: skip
+        monitor = ArtMonitor(embed=embed)
+        t0 = time.perf_counter()
+        for r in run.records:
+            monitor.observe(r)
+        monitor.finish()
+        timing["seconds"] += time.perf_counter() - t0
+        timing["endpoints"] += iterations * args.prompts * args.k
+        got = score_alerts(run, monitor.alerts)
+        print(seed, [f.kind for f in failures], got, flush=True)
+        return got
+
+    per_kind: dict[str, object] = {}
+    for kind in FAILURE_KINDS:
+        runs = [one((ArtFailure(kind, args.onset),), args.onset + 12, seed)
+                for seed in range(args.seeds)]  # fmt: skip
+        delays = [r["delays"][kind] for r in runs]  # type: ignore[index]
+        found = [d for d in delays if d is not None]
+        per_kind[kind] = {
+            "runs": len(runs),
+            "detected": len(found),
+            "delays": delays,
+            "max_delay": max(found) if found else None,
+            "mean_delay": round(sum(found) / len(found), 2) if found else None,
+            "false_alarms": sum(int(r["false_alarms"]) for r in runs),  # type: ignore[call-overload]
+        }
+    clean = [one((), args.clean_iterations, 100 + seed) for seed in range(args.clean_seeds)]
+    return {
+        "per_failure": per_kind,
+        "clean": {
+            "runs": len(clean),
+            "iterations": args.clean_iterations,
+            "false_alarms": sum(int(r["false_alarms"]) for r in clean),  # type: ignore[call-overload]
+            "false_alarm_kinds": sorted({k for r in clean for k in r["false_alarm_kinds"]}),  # type: ignore[attr-defined]
+        },
+        "monitor_endpoints_per_s": round(timing["endpoints"] / timing["seconds"], 1),
+    }
+
+
+def art_main(args: argparse.Namespace) -> int:
+    load_before = os.getloadavg()
+    results = art_detection(args)
+    report = {
+        "command": shlex.join([sys.executable.replace(str(ROOT) + "/", ""),
+                               *[a.replace(str(ROOT) + "/", "") for a in sys.argv]]),
+        "measured": (
+            "ART health alerts on simulated runs (monitor.rlhealth.art_simulate: 32x32 PNG "
+            "pattern endpoints, three reward models, the trainer's masked updates computed "
+            "with the seed's KL proxy and mask): per injected failure, the delay from its "
+            "onset to the first alert that finds it (mask: art_mask or art_drift; collapse: "
+            "art_collapse on a collapsing prompt; gamed_head: art_reward_divergence on that "
+            "head) and false alarms (any other alert, or one before the onset); on clean "
+            "runs every alert is false. Endpoint diversity from the shipped world model's "
+            "vision tower (vigil/shipped/worldmodel). monitor_endpoints_per_s: the ArtMonitor "
+            "(embedding included) over every run, simulation excluded."
+        ),
+        "data": {"generator": "monitor.rlhealth.art_simulate.simulate_art_run",
+                 "prompts": args.prompts, "k": args.k, "onset": args.onset},  # fmt: skip
+        "settings": vars(args) | {"out": None},
+        "results": results,
+        "machine": machine(load_before),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_report(args.out or str(RESULTS / "rlhealth_art.json"), report)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -152,8 +248,18 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-kafka", action="store_true")
     p.add_argument("--grace", type=float, default=3.0, help="stream grace for late calls (s)")
-    p.add_argument("--out", default=str(RESULTS / "rlhealth.json"))
+    p.add_argument("--out", default=None, help="default bench/results/rlhealth[_art].json")
+    a = p.add_argument_group("--art: image-generation (ART) alerts on simulated runs")
+    a.add_argument("--art", action="store_true", help="measure the ART alerts instead")
+    a.add_argument("--seeds", type=int, default=5, help="runs per failure kind")
+    a.add_argument("--onset", type=int, default=20, help="iteration a failure starts")
+    a.add_argument("--clean-seeds", type=int, default=2)
+    a.add_argument("--clean-iterations", type=int, default=200)
+    a.add_argument("--prompts", type=int, default=8)
+    a.add_argument("--k", type=int, default=8, help="endpoints per prompt")
     args = p.parse_args()
+    if args.art:
+        return art_main(args)
     load_before = os.getloadavg()
     run = simulate_rl_run(
         steps=args.steps, queries=args.queries, group_size=args.group_size,
@@ -205,7 +311,7 @@ def main() -> int:
         "machine": machine(load_before),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    write_report(args.out, report)
+    write_report(args.out or str(RESULTS / "rlhealth.json"), report)
     print(json.dumps(report["results"], indent=2))
     return 0
 

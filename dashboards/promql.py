@@ -8,7 +8,7 @@ the window that reached tier k::
 
 and its 95 % Wilson score interval is written out in PromQL (``wilson``), so a
 dashboard shows the interval for whatever window it is looking at. The same
-formula in Python is :func:`dashboards.recall.wilson_interval`.
+formula in Python is :func:`vigil.metrics.wilson_interval`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def wilson(caught: str, total: str, bound: str, z: float = Z) -> str:
         f"sqrt({p} * (1 - {p}) / {n} + {z2 / 4:.6g} / ({n} * {n}))) / (1 + {z2:.6g} / {n})"
     )
     # At p = 0 (lower) or p = 1 (upper) the bound is p itself, as in
-    # dashboards.recall.wilson_interval; the formula can miss it by a rounding hair there.
+    # vigil.metrics.wilson_interval; the formula can miss it by a rounding hair there.
     if bound == "lower":
         return f"clamp_min(({p} <= 0) or ({expr}), 0)"
     return f"clamp_max(({p} >= 1) or ({expr}), 1)"

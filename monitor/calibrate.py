@@ -446,8 +446,8 @@ def _rubrics_off_path(
     and the choice."""
     from dataclasses import replace
 
-    from dashboards.recall import auroc
     from monitor.reviewer.verdict import ReviewVerdict
+    from vigil.metrics import auroc
 
     names = config.gate_signals(2)
     rubric = set(ReviewVerdict.SIGNALS)

@@ -461,7 +461,7 @@ def _summary(
 def _recall_summary(say: Any, metrics: Any) -> None:
     """Recall per tier by source of ground truth, as the recall stage counted it."""
     from dashboards.ground_truth import reached_counts
-    from dashboards.recall import wilson_interval
+    from vigil.metrics import wilson_interval
 
     counts = reached_counts(metrics)
     if not counts:

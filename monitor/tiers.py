@@ -63,7 +63,6 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
-from dashboards.recall import threshold_at_fpr
 from monitor.policy_config import (  # noqa: F401 (the policy's API, re-exported)
     DEFAULT_BUDGETS,
     TIERS,
@@ -75,6 +74,7 @@ from monitor.policy_config import (  # noqa: F401 (the policy's API, re-exported
     policy_config_from_dict,
 )
 from monitor.trajectory import TrajectoryAggregation
+from vigil.metrics import threshold_at_fpr
 
 POLICY_VERSION = 1
 _EPS = 1e-4

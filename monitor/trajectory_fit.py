@@ -34,6 +34,7 @@ from monitor.trajectory import (
     budget_threshold,
     fit_aggregation,
 )
+from vigil.metrics import auroc
 
 Log = Callable[[str], None]
 LENGTH_BINS = ((1, 5), (6, 15), (16, 30), (31, 10_000))
@@ -178,12 +179,6 @@ def fit(runs: Sequence[ScoredRun], form: str, budget: float, C: float = 1.0, *,
     return replace(agg, threshold=threshold)
 
 
-def _auroc(y: np.ndarray, s: np.ndarray) -> float | None:
-    from sklearn.metrics import roc_auc_score
-
-    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else None
-
-
 def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     from scipy.stats import spearmanr
 
@@ -204,7 +199,7 @@ def read_on(agg: TrajectoryAggregation | None, runs: Sequence[ScoredRun]) -> dic
     benign = y == 0
     out: dict[str, Any] = {
         "runs": len(runs), "harmful": int(y.sum()),
-        "auroc": _auroc(y, s),
+        "auroc": auroc(y, s),
         "recall": float(flagged[~benign].mean()) if (~benign).any() else None,
         "benign_flagged": float(flagged[benign].mean()) if benign.any() else None,
         # the steps of benign runs a step gate flags (would page a human), against L2's budget

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from vigil.metrics import auroc
 from worldmodel.datasets.domains import lodo_folds
 
 FPR = 0.01
@@ -224,15 +225,6 @@ def fit_linear(X: np.ndarray, idx: np.ndarray, corpus: Corpus, *, C: float = 1.0
 
 
 # --- metrics ------------------------------------------------------------------------------
-
-
-def auroc(y: np.ndarray, s: np.ndarray) -> float | None:
-    from sklearn.metrics import roc_auc_score
-
-    y = np.asarray(y)
-    if len(set(y.tolist())) < 2:
-        return None
-    return float(roc_auc_score(y, s))
 
 
 def threshold_at(benign_scores: np.ndarray, fpr: float) -> float:

@@ -49,6 +49,7 @@ import numpy as np
 
 from probes.capture import TOKEN_CHARS, ActivationCache, ProbeStep, pool_hidden
 from vigil.lm import LanguageModel
+from vigil.metrics import auroc_or_nan, sigmoid
 from vigil.progress import Progress
 
 TEMPLATE_VERSION = 1
@@ -265,10 +266,6 @@ class DriftEncoder:
 # --- the probe ----------------------------------------------------------------------------
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -50, 50)))
-
-
 def fit_probe(X: np.ndarray, y: np.ndarray, C: float) -> Any:
     """Standardise + class-balanced logistic regression (:class:`LogisticProbe`).
 
@@ -299,13 +296,6 @@ def candidate_sets(layers: Sequence[int]) -> list[tuple[int, ...]]:
     out: list[tuple[int, ...]] = [(layer,) for layer in ls]
     out += [tuple(ls[i : i + 3]) for i in range(0, len(ls) - 2, 3)]
     return out
-
-
-def _auroc(y: np.ndarray, s: np.ndarray) -> float:
-    from dashboards.recall import auroc
-
-    v = auroc(y, s)
-    return float("nan") if v is None else float(v)
 
 
 def lodo_select(
@@ -339,7 +329,7 @@ def lodo_select(
         lodo[cand] = {}
         for fold in folds:
             p = fit_probe(X[fold.fit], y[fold.fit], cand.C)
-            lodo[cand][fold.domain] = _auroc(y[fold.held_out], p.decision_function(
+            lodo[cand][fold.domain] = auroc_or_nan(y[fold.held_out], p.decision_function(
                 X[fold.held_out]))
         pair[cand] = {}
         for a in names:
@@ -349,7 +339,7 @@ def lodo_select(
             p = fit_probe(X[fit], y[fit], cand.C)
             for b in names:
                 if b != a:
-                    pair[cand][(a, b)] = _auroc(y[dom == b], p.decision_function(X[dom == b]))
+                    pair[cand][(a, b)] = auroc_or_nan(y[dom == b], p.decision_function(X[dom == b]))
         if log:
             log(f"drift: LODO {n + 1}/{len(cands)} {cand.name}: " + ", ".join(
                 f"{d.split('/')[-1]} {v:.3f}" for d, v in lodo[cand].items()))
@@ -375,7 +365,7 @@ def lodo_select(
         fit, out = dom != held, dom == held
         p = fit_probe(X[fit], y[fit], inner.C)
         nested[held] = {"layers": list(inner.layers), "C": inner.C,
-                        "auroc": _auroc(y[out], p.decision_function(X[out]))}
+                        "auroc": auroc_or_nan(y[out], p.decision_function(X[out]))}
     return {
         "layers": list(chosen.layers),
         "C": chosen.C,
@@ -427,7 +417,7 @@ class DriftBundle:
         mean, scale = np.asarray(self.scaler_mean), np.asarray(self.scaler_scale)
         scale = np.where(scale == 0, 1.0, scale)
         z = ((np.asarray(X, dtype=np.float64) - mean) / scale) @ np.asarray(self.coef)
-        return _sigmoid(z + self.intercept)
+        return sigmoid(z + self.intercept)
 
     def save(self, out: str | Path) -> Path:
         out = Path(out)
@@ -542,12 +532,12 @@ def length_check(
     long: dict[str, dict[str, float | int]] = {}
     for fold in lodo_folds(d.domains):
         out = fold.held_out
-        base[fold.domain] = _auroc(d.y[out], ln[out])
+        base[fold.domain] = auroc_or_nan(d.y[out], ln[out])
         s = fit_probe(X[fold.fit], d.y[fold.fit], C).decision_function(X[out])
         keep = d.obs_chars[out] > LONG
         long[fold.domain] = {"steps": int(keep.sum()), "injected": int(d.y[out][keep].sum()),
-                             "probe": _auroc(d.y[out][keep], s[keep]),
-                             "length": _auroc(d.y[out][keep], ln[out][keep])}
+                             "probe": auroc_or_nan(d.y[out][keep], s[keep]),
+                             "length": auroc_or_nan(d.y[out][keep], ln[out][keep])}
     return {"length_baseline_auroc": base, "long_observations": long}
 
 

@@ -25,9 +25,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.multiclass import unique_labels
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -50, 50)))
+from vigil.metrics import sigmoid
 
 
 class _BinaryProbe(ClassifierMixin, BaseEstimator):
@@ -38,7 +36,7 @@ class _BinaryProbe(ClassifierMixin, BaseEstimator):
 
     def predict_proba(self, X: Any) -> np.ndarray:
         check_is_fitted(self)
-        p = _sigmoid(self.decision_function(X))
+        p = sigmoid(self.decision_function(X))
         return np.stack([1.0 - p, p], axis=1)
 
     def predict(self, X: Any) -> np.ndarray:

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from vigil.lm import LanguageModel
+from vigil.metrics import auroc, sigmoid
 
 TEMPLATE_VERSION = 1
 BUNDLE_VERSION = 1
@@ -306,10 +307,6 @@ def likelihood_features(
     return out
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -50, 50)))
-
-
 @dataclass
 class GainCalibration:
     """Standardised, class-balanced logistic regression over a feature set → P(harmful).
@@ -348,7 +345,7 @@ class GainCalibration:
         if not self.coef_:
             raise ValueError("the calibration is not fitted")
         Z = (self.columns(X) - np.array(self.mean_)) / np.array(self.scale_)
-        return np.asarray(_sigmoid(Z @ np.array(self.coef_) + self.intercept_))
+        return np.asarray(sigmoid(Z @ np.array(self.coef_) + self.intercept_))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -361,11 +358,9 @@ class GainCalibration:
 
 
 def _auroc(y: np.ndarray, s: np.ndarray) -> float | None:
-    from sklearn.metrics import roc_auc_score
-
+    """:func:`vigil.metrics.auroc` over the steps that have a score (NaN: none)."""
     ok = ~np.isnan(s)
-    y, s = np.asarray(y)[ok], s[ok]
-    return float(roc_auc_score(y, s)) if len(set(y.tolist())) == 2 else None
+    return auroc(np.asarray(y)[ok], s[ok])
 
 
 def lodo_scores(

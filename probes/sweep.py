@@ -20,8 +20,8 @@ import numpy as np
 from sklearn.base import clone
 from sklearn.model_selection import StratifiedGroupKFold
 
-from dashboards.recall import auroc, recall_at_fpr, threshold_at_fpr
 from probes.estimators import DiffMeansProbe, LogisticProbe
+from vigil.metrics import auroc, recall_at_fpr, threshold_at_fpr
 
 # the project's one implementation; ``calibrate_threshold`` is the name L1 uses
 calibrate_threshold = threshold_at_fpr

@@ -77,6 +77,8 @@ class Topics(BaseSettings):
     steps_l0: str = "vigil.steps.l0"  # L0 -> L1: every step with its L0 verdict
     tito_calls: str = "vigil.tito.calls"
     tito_executions: str = "vigil.tito.executions"
+    art_rollouts: str = "vigil.art.rollouts"  # generated-media rollouts (streams.media)
+    art_iterations: str = "vigil.art.iterations"  # ART trainer statistics per iteration
     scores: str = "vigil.scores"
     escalations: str = "vigil.escalations"
     verdicts_rollout: str = "vigil.verdicts.rollout"

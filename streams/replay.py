@@ -1,8 +1,10 @@
 """Replay a JSON Lines file onto the bus, as the live producers would have sent it.
 
 A file may hold interchange trajectories (published as one step event per
-step, keyed by trajectory id, to a steps topic) or TITO records (calls to the
-calls topic, execution ends to the executions topic, keyed by execution id).
+step, keyed by trajectory id, to a steps topic), TITO records (calls to the
+calls topic, execution ends to the executions topic, keyed by execution id) or
+generated-media rollouts (ART: rollouts and trainer iterations to their topics,
+keyed by run id).
 The whole file is validated before anything is published, so a bad line is
 one clear error and never a half-replayed file.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from streams.bus import Bus
 from streams.config import Topics
+from streams.media import ArtIteration, MediaRollout, sniff_media
 from streams.processor import publish_record
 from streams.records import (
     ExecutionEnd,
@@ -53,7 +56,7 @@ def read_records(path: str | Path) -> Iterator[Record]:
             obj = parse_json(raw, "JSON Lines", line=n)
             if not isinstance(obj, dict):
                 raise RecordError("JSON Lines", "expected a JSON object", line=n)
-            yield validate(obj, sniff_kind(obj), line=n)
+            yield validate(obj, sniff_media(obj) or sniff_kind(obj), line=n)
 
 
 def replay_file(
@@ -85,6 +88,10 @@ def replay_file(
             _send(bus, topic or topics.tito_calls, rec, rec.execution_id, report, on_record)
         elif isinstance(rec, ExecutionEnd):
             _send(bus, topics.tito_executions, rec, rec.execution_id, report, on_record)
+        elif isinstance(rec, MediaRollout):
+            _send(bus, topic or topics.art_rollouts, rec, rec.run_id, report, on_record)
+        elif isinstance(rec, ArtIteration):
+            _send(bus, topics.art_iterations, rec, rec.run_id, report, on_record)
         elif isinstance(rec, StepEvent):
             _send(bus, topic or topics.steps_deployment, rec, rec.trajectory_id, report, on_record)
     bus.flush()

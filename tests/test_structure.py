@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("vigil", "streams", "worldmodel", "probes", "monitor", "dashboards")
 # who may import whom: a package imports only those listed (and itself). ``monitor`` sits on
-# top; ``dashboards`` (metrics, recall measurement) is below the models, whose evaluation
-# uses its recall arithmetic (``dashboards.recall``).
+# top; ``dashboards`` (metrics, recall measurement) is below the models; the recall arithmetic
+# every package uses is in the base package (``vigil.metrics``).
 MAY_IMPORT = {
     "vigil": set(),
     "streams": {"vigil"},

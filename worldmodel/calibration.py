@@ -13,13 +13,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from dashboards.recall import threshold_at_fpr
+from vigil.metrics import sigmoid, threshold_at_fpr
 
 __all__ = ["Calibration", "fit_calibration", "fit_platt", "threshold_at_fpr"]
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -50, 50)))
 
 
 def fit_platt(logits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
@@ -56,11 +52,11 @@ class Calibration:
 
     def harm_pre(self, logits: np.ndarray) -> np.ndarray:
         a, b = self.platt_pre
-        return _sigmoid(a * logits + b)
+        return sigmoid(a * logits + b)
 
     def harm_post(self, logits: np.ndarray) -> np.ndarray:
         a, b = self.platt_post
-        return _sigmoid(a * logits + b)
+        return sigmoid(a * logits + b)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dashboards.recall import auroc, recall_at_fpr
+from vigil.metrics import auroc, recall_at_fpr
 from worldmodel.datasets.format import read_manifest, read_transitions
 from worldmodel.features import step_input
 from worldmodel.score import WorldModelScorer

@@ -378,13 +378,18 @@ def relational(
     return out
 
 
+def pixels(images: np.ndarray) -> torch.Tensor:
+    """Decoded images (``load_image``'s uint8, (..., 3, S, S)) as the vision tower reads them,
+    in training and scoring alike: float in [0, 1]."""
+    return torch.from_numpy(images).float().div_(255.0)
+
+
 def _images(tables: Tables, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     has = torch.from_numpy(idx >= 0)
     safe = np.where(idx >= 0, idx, 0)
     if tables.images.shape[0] == 0:
         return torch.zeros(*idx.shape, 3, 1, 1), has
-    img = torch.from_numpy(tables.images[safe]).float().div_(255.0)
-    return img, has
+    return pixels(tables.images[safe]), has
 
 
 def make_batch(
@@ -453,7 +458,9 @@ __all__ = [
     "TEXT_DIM",
     "StepInput",
     "Tables",
+    "load_image",
     "make_batch",
+    "pixels",
     "step_input",
     "tabulate",
 ]

@@ -46,6 +46,8 @@ import torch.nn.functional as F
 from sklearn.base import BaseEstimator, ClassifierMixin
 from torch import Tensor
 
+from vigil.metrics import sigmoid
+
 Pool = Literal["noisy_or", "max"]
 POOLS = ("noisy_or", "max")
 # log P(bag safe) is clamped below 0 by this much: a bag of steps all scored safe to
@@ -162,10 +164,6 @@ def _codes(bags: Sequence[Hashable] | np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def _unlabelled(y: np.ndarray) -> np.ndarray:
     return np.isnan(y) | (y < 0)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -50, 50)))
 
 
 class MILLogisticRegression(ClassifierMixin, BaseEstimator):
@@ -285,7 +283,7 @@ class MILLogisticRegression(ClassifierMixin, BaseEstimator):
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """(n, 2): P(step safe), P(step harmful)."""
-        p = _sigmoid(self.decision_function(X))
+        p = sigmoid(self.decision_function(X))
         return np.column_stack([1.0 - p, p])
 
     def predict(self, X: Any) -> np.ndarray:
@@ -296,7 +294,7 @@ class MILLogisticRegression(ClassifierMixin, BaseEstimator):
     ) -> tuple[np.ndarray, np.ndarray]:
         """(bag ids in order of first appearance, P(bag unsafe)) by the estimator's pool."""
         ids, logit = bag_scores(self.decision_function(X), bags, self.pool)
-        return ids, _sigmoid(logit)
+        return ids, sigmoid(logit)
 
 
 __all__ = [

@@ -432,7 +432,7 @@ def fold_scores(
 ) -> dict[str, dict[str, float | None]]:
     """Per held-out domain (LODO): AUROC, and recall and FPR at the threshold that gives
     ``fpr`` on the *other* domains' benign steps (scored by the same fold's model)."""
-    from dashboards.recall import auroc, threshold_at_fpr
+    from vigil.metrics import auroc, threshold_at_fpr
     from worldmodel.datasets.domains import lodo_folds
 
     out: dict[str, dict[str, float | None]] = {}

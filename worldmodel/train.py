@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dashboards.recall import auroc, threshold_at_fpr
+from vigil.metrics import auroc, threshold_at_fpr
 from worldmodel.calibration import Calibration, fit_calibration, fit_platt
 from worldmodel.datasets.format import Transition, read_manifest, read_transitions
 from worldmodel.encoders import TextEncoding, text_encoder

@@ -4,7 +4,7 @@ Both sources (:mod:`dashboards.report.from_files`, :mod:`dashboards.report.from_
 reduce their input to counts ``reached[origin, stream, category, label, tier]`` and
 ``funnel[stream, tier, canary]``; :func:`build_table` turns those into a :class:`RecallTable`.
 Recall at tier k is the share of harmful labelled steps screened (tier 0) that reached
-tier k, with its 95 % Wilson interval (:func:`dashboards.recall.wilson_interval`, the same
+tier k, with its 95 % Wilson interval (:func:`vigil.metrics.wilson_interval`, the same
 formula as the dashboards' PromQL); the false-positive rate is the same share over benign
 labelled steps.
 """
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dashboards.recall import wilson_interval
+from vigil.metrics import wilson_interval
 
 TIERS = (0, 1, 2, 3)
 ALL = "all"  # the key of a dimension summed over

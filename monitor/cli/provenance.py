@@ -46,7 +46,7 @@ def _features(data: Sequence[str], splits: Sequence[str] | None) -> dict[str, An
 
 
 def _at_threshold(y: np.ndarray, s: np.ndarray, thr: float) -> dict[str, Any]:
-    from dashboards.recall import auroc
+    from vigil.metrics import auroc
 
     return {"steps": int(len(y)), "harmful": int(y.sum()), "auroc": auroc(y, s),
             "recall_at_fpr": float((s[y == 1] >= thr).mean()) if y.any() else None,
@@ -57,7 +57,7 @@ def nested_lodo(x: np.ndarray, y: np.ndarray, domains: np.ndarray) -> dict[str, 
     """Per training domain: C and features chosen by LODO over the *other* domains only,
     fitted on them, scored on the held-out one at the threshold giving 1 % FPR on their
     benign steps (nothing of the held-out domain enters any choice)."""
-    from dashboards.recall import threshold_at_fpr
+    from vigil.metrics import threshold_at_fpr
     from worldmodel.provenance import fit_lodo
 
     out: dict[str, Any] = {}
@@ -73,7 +73,7 @@ def nested_lodo(x: np.ndarray, y: np.ndarray, domains: np.ndarray) -> dict[str, 
 def cmd_train_provenance(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from dashboards.recall import threshold_at_fpr
+    from vigil.metrics import threshold_at_fpr
     from worldmodel.datasets.domains import is_training
     from worldmodel.provenance import fit_lodo, save_bundle
 

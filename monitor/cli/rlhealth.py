@@ -1,4 +1,4 @@
-"""`monitor rlhealth`: RL rollout health from the TITO topics, or offline from a file."""
+"""`monitor rlhealth`: RL rollout health from the TITO and ART topics, or offline from a file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import json
 import textwrap
 from typing import Any
 
-from monitor.cli.common import add_bootstrap_servers, check_reachable, kafka_settings
+from monitor.cli.common import (
+    CliError,
+    add_bootstrap_servers,
+    check_reachable,
+    kafka_settings,
+)
 
 EPILOG = textwrap.dedent(
     """\
@@ -15,13 +20,17 @@ EPILOG = textwrap.dedent(
       monitor rlhealth --file rollouts.jsonl --phi 1 --mu 2          # offline report
       monitor rlhealth --file rollouts.jsonl --json > report.json
       monitor rlhealth --simulate run.jsonl                            # a synthetic run to try
+      monitor rlhealth --simulate-art art.jsonl --art-failure collapse:20 --iterations 40
+      monitor rlhealth --file art.jsonl                # image-generation (ART) rollouts too
       monitor rlhealth --bootstrap-servers 127.0.0.1:9092 --metrics-port 9108
                                         # stream vigil.tito.* -> vigil.scores, /metrics
 
     The stream publishes one L0 score per execution (signals rl_staleness,
     rl_drift_abs_nats_max, rl_out_of_trust_share, rl_mismatch_abs_mean, ...) and
     one flagged score per alert (rl_alert_<kind>) to the scores topic; bad records
-    go to the dead-letter topic.
+    go to the dead-letter topic. Image- and video-generation rollouts (ART:
+    vigil.art.rollouts, vigil.art.iterations) raise the art_* alerts, and each
+    generated endpoint goes to vigil.steps.rollout for the tiers to screen.
     """
 )
 
@@ -41,6 +50,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--file", metavar="FILE.jsonl", help="compute offline from a TITO file")
     src.add_argument(
         "--simulate", metavar="OUT.jsonl", help="write a synthetic RL run with a collapse"
+    )
+    src.add_argument(
+        "--simulate-art",
+        metavar="OUT.jsonl",
+        help="write a synthetic image-generation (ART) run, with --art-failure injected",
     )
     add_bootstrap_servers(p)
     p.add_argument("--group", default="vigil-rlhealth", help="consumer group (default %(default)s)")
@@ -67,6 +81,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-publish", action="store_true", help="do not publish scores")
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.add_argument("--out", metavar="REPORT.json", help="also write the full report here")
+    a = p.add_argument_group("image / video generation (ART)")
+    a.add_argument(
+        "--art-failure",
+        action="append",
+        default=[],
+        metavar="KIND:ONSET",
+        help="--simulate-art: inject mask, collapse or gamed_head from iteration ONSET "
+        "(repeatable)",
+    )
+    a.add_argument("--iterations", type=int, default=40, help="--simulate-art: iterations")
+    a.add_argument(
+        "--image-embedder",
+        default="worldmodel",
+        metavar="BUNDLE|worldmodel|none",
+        help="the vision encoder whose distances measure endpoint diversity: the default "
+        "world model (default), a world-model bundle folder, or none (no collapse alert)",
+    )
+    a.add_argument("--no-art", action="store_true", help="stream: do not read the ART topics")
     g = p.add_argument_group("the run's configuration and alert bounds")
     g.add_argument("--phi", type=float, default=1.0, help="extra dispatch, batch units")
     g.add_argument("--mu", type=int, default=1, help="training steps per burst")
@@ -147,7 +179,32 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"groups: {report['groups']['seen']}, flagged {len(report['groups']['flagged'])}")
     lines.append(f"alerts: {len(report['alerts'])}")
     lines += [f"  [{a['kind']}] {a['message']}" for a in report["alerts"]]
+    if "art" in report:
+        lines += format_art(report["art"])
     return "\n".join(lines)
+
+
+def format_art(art: dict[str, Any]) -> list[str]:
+    """The ART part of the report: one line per version, then its alerts."""
+    lines = [
+        f"image generation (ART): {art['rollouts']} rollouts of {art['prompts']} prompts, "
+        f"{len(art['versions'])} versions (late {art['late']}, duplicates {art['duplicates']})"
+    ]
+    for v in art["versions"]:
+        parts = [f"  version {v['version']:>4}: reward"]
+        parts.append(f"{v['reward_mean']:.3f}" if v["reward_mean"] is not None else "-")
+        for key, label, fmt in (
+            ("masked_share", "masked", "{:.1%}"),
+            ("drift_norm_mean", "|d|", "{:.3g}"),
+            ("no_signal_share", "no signal", "{:.0%}"),
+            ("diversity_mean", "diversity", "{:.3g}"),
+        ):
+            if v[key] is not None:
+                parts.append(f", {label} " + fmt.format(v[key]))
+        lines.append(" ".join(parts).replace(" ,", ","))
+    lines.append(f"ART alerts: {len(art['alerts'])}")
+    lines += [f"  [{a['kind']}] {a['message']}" for a in art["alerts"]]
+    return lines
 
 
 def _emit(report: dict[str, Any], args: argparse.Namespace) -> None:
@@ -157,8 +214,66 @@ def _emit(report: dict[str, Any], args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
 
 
+def _art_failures(specs: list[str]) -> tuple[Any, ...]:
+    from monitor.rlhealth.art_simulate import FAILURE_KINDS, ArtFailure
+
+    out = []
+    for spec in specs:
+        kind, _, onset = spec.partition(":")
+        if kind not in FAILURE_KINDS or not onset.isdigit():
+            raise CliError(
+                f"--art-failure {spec!r}: expected KIND:ONSET with KIND one of "
+                f"{', '.join(FAILURE_KINDS)} and ONSET an iteration number"
+            )
+        out.append(ArtFailure(kind, int(onset)))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _simulate_art(args: argparse.Namespace) -> int:
+    from monitor.rlhealth.art_simulate import simulate_art_run
+    from streams.records import write_jsonl
+
+    failures = _art_failures(args.art_failure)
+    if args.iterations < 1:
+        raise CliError("--iterations must be >= 1")
+    run = simulate_art_run(iterations=args.iterations, failures=failures)
+    n = write_jsonl(args.simulate_art, run.records)
+    injected = ", ".join(f"{f.kind} from iteration {f.onset}" for f in failures) or "none"
+    print(
+        f"wrote {n} records ({run.iterations} iterations of {run.prompts} prompts x {run.k} "
+        f"endpoints) to {args.simulate_art}; failures injected: {injected}"
+    )
+    return 0
+
+
+def _art_monitor(args: argparse.Namespace, *, stream: bool, metrics: Any = None) -> Any:
+    """The ART monitor, its diversity measured by ``--image-embedder``."""
+    from monitor.rlhealth.art import ArtConfig, ArtMonitor
+
+    embed = None
+    if args.image_embedder != "none":
+        from monitor.rlhealth.art import vision_embedder
+        from monitor.shipped import shipped_dir
+        from vigil.paths import worldmodel_bundle
+
+        path = args.image_embedder
+        if path == "worldmodel":  # the one the screening policy uses: trained here, or shipped
+            trained = worldmodel_bundle()
+            path = trained if (trained / "config.json").exists() else shipped_dir() / "worldmodel"
+        try:
+            embed = vision_embedder(path)
+        except FileNotFoundError as e:
+            raise CliError(f"--image-embedder: {e}") from None
+    config = ArtConfig(
+        close_lag=None if stream else 1, close_after_s=args.close_after if stream else None
+    )
+    return ArtMonitor(config, metrics, embed=embed)
+
+
 def cmd_rlhealth(args: argparse.Namespace) -> int:
     """``monitor rlhealth``: simulate a run, report on a file, or stream from the topics."""
+    if args.simulate_art:
+        return _simulate_art(args)
     if args.simulate:
         from monitor.rlhealth.simulate import simulate_rl_run
         from streams.records import write_jsonl
@@ -181,9 +296,14 @@ def _offline(args: argparse.Namespace) -> int:
     from streams.replay import read_records
 
     monitor = RLHealthMonitor(_config(args, stream=False))
-    monitor_records(read_records(args.file), monitor)
-    _emit(monitor.report(), args)
+    art = _art_monitor(args, stream=False)
+    monitor_records(read_records(args.file), monitor, art=art)
+    _emit(_with_art(monitor.report(), art), args)
     return 0
+
+
+def _with_art(report: dict[str, Any], art: Any) -> dict[str, Any]:
+    return {**report, "art": art.report()} if art is not None and art.rollouts else report
 
 
 def _stream(args: argparse.Namespace) -> int:
@@ -201,7 +321,9 @@ def _stream(args: argparse.Namespace) -> int:
     check_reachable(settings)
     config = _config(args, stream=True)
     registry = CollectorRegistry()
-    monitor = RLHealthMonitor(config, RLHealthMetrics(registry))
+    metrics = RLHealthMetrics(registry)
+    monitor = RLHealthMonitor(config, metrics)
+    art = None if args.no_art else _art_monitor(args, stream=True, metrics=metrics)
     topics = Topics()
     bus = KafkaBus(settings)
     server = None
@@ -211,6 +333,8 @@ def _stream(args: argparse.Namespace) -> int:
     try:
         bus.ensure_topics(
             [topics.tito_calls, topics.tito_executions, topics.scores, topics.deadletter]
+            + ([] if art is None else [topics.art_rollouts, topics.art_iterations,
+                                       topics.steps_rollout])
         )
         if args.metrics_port is not None:
             server, _ = start_http_server(args.metrics_port, args.metrics_host, registry=registry)
@@ -224,9 +348,12 @@ def _stream(args: argparse.Namespace) -> int:
             grace_s=args.grace,
             publish_scores=not args.no_publish,
             max_record_bytes=max(settings.max_record_bytes, 8 * 1_048_576),
+            art=art,
         )
+        art_topics = "" if art is None else f", {topics.art_rollouts}, {topics.art_iterations}"
         print(
-            f"rlhealth: consuming {topics.tito_calls}, {topics.tito_executions} as {args.group}",
+            f"rlhealth: consuming {topics.tito_calls}, {topics.tito_executions}{art_topics} "
+            f"as {args.group}",
             flush=True,
         )
         stats = proc.run(stop=stop, idle_timeout_s=args.idle_timeout)
@@ -235,10 +362,12 @@ def _stream(args: argparse.Namespace) -> int:
             server.shutdown()
         bus.close()
     monitor.finish()  # judge the open versions for the summary (nothing more is published)
+    if art is not None:
+        art.finish()
     print(
         f"consumed {stats.consumed}, dead-lettered {stats.dead_lettered}, "
         f"published {stats.produced}",
         flush=True,
     )
-    _emit(monitor.report(), args)
+    _emit(_with_art(monitor.report(), art), args)
     return 0

@@ -13,6 +13,7 @@ cleared (a trainer that stays behind for 50 versions is one alert, not 50).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -21,9 +22,22 @@ import numpy as np
 
 from monitor.rlhealth.formulas import expected_staleness, relative_extra_discrepancy
 from monitor.rlhealth.signals import GroupSignals, VersionSignals
+from streams.processor import Output
+from streams.records import Score
 
-AlertKind = Literal["staleness", "drift", "mismatch", "reward_hacking"]
-ALERT_KINDS: tuple[AlertKind, ...] = ("staleness", "drift", "mismatch", "reward_hacking")
+AlertKind = Literal[
+    "staleness",
+    "drift",
+    "mismatch",
+    "reward_hacking",
+    # ART (image / video generation, monitor.rlhealth.art)
+    "art_mask",
+    "art_drift",
+    "art_no_signal",
+    "art_collapse",
+    "art_reward_divergence",
+]
+ALERT_KINDS: tuple[AlertKind, ...] = AlertKind.__args__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -33,7 +47,7 @@ class Alert:
     value: float
     threshold: float
     message: str
-    subject: str = ""  # the group's query id for reward hacking
+    subject: str = ""  # the group's query, ART's prompt or reward model
 
     @property
     def key(self) -> str:
@@ -211,3 +225,36 @@ def reward_hacking_alert(group: GroupSignals) -> Alert | None:
         f"group {group.query_id} at version {group.version}: {why} — possible reward hacking",
         subject=group.query_id,
     )
+
+
+def alert_score(alert: Alert) -> Score:
+    """An alert as a flagged L0 record: ``trajectory_id`` names the run-level subject
+    (``rlhealth/<kind>/<version>[/<query>]``), ``signals`` carry ``rl_alert_<kind>``."""
+    subject = f"rlhealth/{alert.kind}/{alert.version}" + (
+        f"/{alert.subject}" if alert.subject else ""
+    )
+    return Score(
+        trajectory_id=subject,
+        step_id="alert",
+        tier=0,
+        score=1.0,
+        flagged=True,
+        signals={
+            f"rl_alert_{alert.kind}": 1.0,
+            "rl_alert_value": float(alert.value) if np.isfinite(alert.value) else 1e9,
+            "rl_alert_threshold": float(alert.threshold),
+        },
+        source="rollout",
+        created_at=time.time(),
+    )
+
+
+def alert_outputs(topic: str, alerts: Sequence[Alert]) -> list[Output]:
+    """Each alert as a flagged score on ``topic``, keyed and idempotent by its subject."""
+    out = []
+    for a in alerts:
+        score = alert_score(a)
+        out.append(
+            Output(topic, score, key=score.trajectory_id, idempotency_key=score.idempotency_key)
+        )
+    return out

@@ -232,3 +232,65 @@ __all__ = [
     "turn_ratio",
     "turn_residuals",
 ]
+
+
+# --- ART: flow / diffusion models trained from black-box rewards ------------------
+
+
+def reward_normaliser(rewards: ArrayLike) -> float:
+    """``Z_c``: the spread (population standard deviation) of one prompt's K rewards. A
+    prompt whose rewards are all equal (``Z_c → 0``) carries no learning signal."""
+    r = _vec(rewards)
+    if r.size == 0:
+        raise ValueError("a prompt needs at least one reward")
+    return float(r.std())
+
+
+def normalised_rewards(rewards: ArrayLike, z: float | None = None, eps: float = 1e-12) -> Array:
+    """``r_i = ½[1 + clip((R_i − R̄_c)/Z_c, −1, 1)]``; ``Z_c`` defaults to
+    :func:`reward_normaliser`. Equal rewards (``Z_c ≤ eps``) all map to ½."""
+    r = _vec(rewards)
+    z = reward_normaliser(r) if z is None else float(z)
+    if z <= eps:
+        return np.full_like(r, 0.5)
+    return 0.5 * (1.0 + np.clip((r - r.mean()) / z, -1.0, 1.0))
+
+
+def guidance_direction(rewards: ArrayLike, endpoints: ArrayLike) -> Array:
+    """The aggregate-first direction ``G(c) = Cov / RMS(Cov)``, ``Cov = (1/K) Σ_i (R_i −
+    R̄_c)(x0_i − x̄0_c)``, for K endpoints ``(K, D)``; zeros when Cov vanishes."""
+    r = _vec(rewards)
+    x = np.asarray(endpoints, dtype=np.float64).reshape(r.size, -1)
+    cov = ((r - r.mean())[:, None] * (x - x.mean(axis=0))).mean(axis=0)
+    rms = float(np.sqrt(np.mean(cov**2)))
+    return cov / rms if rms > 0 else np.zeros_like(cov)
+
+
+def kl_proxy(mu: ArrayLike, mu_ref: ArrayLike, sigma_ref: float) -> float:
+    """``m(s_t) = ‖μ(s_t, v_θ) − μ(s_t, v_θ^(0))‖² / (2 D σ_ref²(t))`` for one state."""
+    a, b = _pair(mu, mu_ref)
+    if sigma_ref <= 0:
+        raise ValueError(f"sigma_ref must be > 0, got {sigma_ref}")
+    return float(np.sum((a - b) ** 2) / (2.0 * a.size * sigma_ref**2))
+
+
+def trust_region_weight(
+    t: float, m: float, drift: ArrayLike, direction: ArrayLike, delta: float = 1e-5
+) -> float:
+    """``w(s_t) = t[1 − 1{m ≥ δ} 1{⟨d, G − d⟩ > 0}]``: a state is masked (weight 0) when
+    it has moved past the trust region and the update would push it further."""
+    d, g = _pair(drift, direction)
+    pushes = float(np.dot(d, g - d)) > 0.0
+    return 0.0 if (m >= delta and pushes) else float(t)
+
+
+def mean_pairwise_distance(embeddings: ArrayLike) -> float:
+    """Mean Euclidean distance over the pairs of rows ``(K, D)``: how far a prompt's
+    endpoints lie from each other (falling: they collapse onto one image)."""
+    e = np.asarray(embeddings, dtype=np.float64)
+    if e.ndim != 2 or e.shape[0] < 2:
+        raise ValueError("need at least two embeddings, as a (K, D) array")
+    sq = np.sum(e**2, axis=1)
+    d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * e @ e.T, 0.0)
+    iu = np.triu_indices(e.shape[0], k=1)
+    return float(np.sqrt(d2[iu]).mean())

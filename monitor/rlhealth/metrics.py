@@ -14,7 +14,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from monitor.rlhealth.alerts import ALERT_KINDS, Alert
-from monitor.rlhealth.signals import ExecutionSignals, GroupSignals, VersionSignals
+from monitor.rlhealth.signals import (
+    ArtVersionSignals,
+    ExecutionSignals,
+    GroupSignals,
+    VersionSignals,
+)
 
 _STALENESS_BUCKETS = (0, 0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16)
 _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
@@ -125,11 +130,79 @@ class RLHealthMetrics:
             "Groups flagged: reward and harm rise together",
             registry=r,
         )
+        self._art_metrics(r)
         self.alerts = Counter("vigil_rl_alerts", "RL-health alerts raised", ["kind"], registry=r)
         for kind in ALERT_KINDS:
             self.alerts.labels(kind=kind)
         for flag in ("true", "false"):
             self.executions.labels(timed_out=flag)
+
+    def _art_metrics(self, r: CollectorRegistry) -> None:
+        """ART (image / video generation): gauges of the latest closed policy version."""
+        self.art_version = Gauge(
+            "vigil_rl_art_version", "ART: latest closed policy version", registry=r
+        )
+        self.art_masked_share = Gauge(
+            "vigil_rl_art_masked_share", "ART: share of states masked by the trust region",
+            registry=r,
+        )
+        self.art_masked_trend = Gauge(
+            "vigil_rl_art_masked_share_trend",
+            "ART: slope of the masked share per version over the last versions",
+            registry=r,
+        )
+        self.art_drift_norm = Gauge(
+            "vigil_rl_art_drift_norm", "ART: mean drift norm |d|, d = v_theta - v_theta0",
+            registry=r,
+        )
+        self.art_drift_dot_g = Gauge(
+            "vigil_rl_art_drift_dot_g", "ART: mean <d, G> over the states", registry=r
+        )
+        self.art_no_signal = Gauge(
+            "vigil_rl_art_no_signal_share",
+            "ART: share of prompts whose K rewards are equal (Z_c under the floor)",
+            registry=r,
+        )
+        self.art_diversity = Gauge(
+            "vigil_rl_art_endpoint_diversity",
+            "ART: mean pairwise embedding distance of a prompt's endpoints, mean over prompts",
+            registry=r,
+        )
+        self.art_reward = Gauge("vigil_rl_art_reward_mean", "ART: mean reward R", registry=r)
+        self.art_head_reward = Gauge(
+            "vigil_rl_art_head_reward_mean", "ART: mean reward per reward model", ["head"],
+            registry=r,
+        )
+        self.art_head_divergence = Gauge(
+            "vigil_rl_art_head_divergence",
+            "ART: a head's change minus the others' median, in baseline sd",
+            ["head"],
+            registry=r,
+        )
+        self.art_collapsed = Gauge(
+            "vigil_rl_art_collapsed_prompts",
+            "ART: prompts whose reward rises while their endpoints collapse",
+            registry=r,
+        )
+
+    def set_art_version(self, v: ArtVersionSignals) -> None:
+        self.art_version.set(v.version)
+        self.art_collapsed.set(len(v.collapsed_prompts))
+        for gauge, value in (
+            (self.art_masked_share, v.masked_share),
+            (self.art_masked_trend, v.masked_share_trend),
+            (self.art_drift_norm, v.drift_norm_mean),
+            (self.art_drift_dot_g, v.drift_dot_g_mean),
+            (self.art_no_signal, v.no_signal_share),
+            (self.art_diversity, v.diversity_mean),
+            (self.art_reward, v.reward_mean),
+        ):
+            if value is not None:
+                gauge.set(value)
+        for head, value in v.head_means.items():
+            self.art_head_reward.labels(head=head).set(value)
+        for head, value in v.head_divergence.items():
+            self.art_head_divergence.labels(head=head).set(value)
 
     def observe_execution(self, ex: ExecutionSignals) -> None:
         self.executions.labels(timed_out="true" if ex.timed_out else "false").inc()

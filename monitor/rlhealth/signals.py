@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -324,3 +324,23 @@ def version_signals(
         reward_mean=float(np.mean(rewards)) if rewards else None,
         timeouts=sum(e.timed_out for e in executions),
     )
+
+
+@dataclass(frozen=True)
+class ArtVersionSignals:
+    """ART (image / video generation, :mod:`monitor.rlhealth.art`): one closed policy
+    version."""
+
+    version: int
+    prompts: int
+    endpoints: int
+    reward_mean: float | None
+    head_means: dict[str, float]
+    no_signal_share: float | None
+    diversity_mean: float | None
+    masked_share: float | None
+    masked_share_trend: float | None  # least-squares slope over the last versions
+    drift_norm_mean: float | None
+    drift_dot_g_mean: float | None
+    collapsed_prompts: tuple[str, ...] = ()
+    head_divergence: dict[str, float] = field(default_factory=dict)

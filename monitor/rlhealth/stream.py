@@ -27,6 +27,7 @@ from monitor.rlhealth.alerts import (
     Alert,
     AlertConfig,
     AlertLatch,
+    alert_outputs,
     condition_key,
     drift_alert,
     mismatch_alert,
@@ -34,6 +35,8 @@ from monitor.rlhealth.alerts import (
     reward_hacking_alert,
     staleness_alert,
 )
+from monitor.rlhealth.art import ArtMonitor
+from monitor.rlhealth.art_stream import ArtStream
 from monitor.rlhealth.formulas import relative_extra_discrepancy
 from monitor.rlhealth.metrics import RLHealthMetrics
 from monitor.rlhealth.signals import (
@@ -48,6 +51,7 @@ from monitor.rlhealth.signals import (
 )
 from streams.bus import Bus, Message
 from streams.config import Topics
+from streams.media import ArtIteration, MediaRollout
 from streams.processor import Output, Positions, StreamProcessor
 from streams.records import ExecutionEnd, Record, Score, TitoCall
 from streams.rollouts import TreeCollector
@@ -411,28 +415,6 @@ def score_for(ex: ExecutionSignals) -> Score:
     )
 
 
-def alert_score(alert: Alert) -> Score:
-    """An alert as a flagged L0 record: ``trajectory_id`` names the run-level subject
-    (``rlhealth/<kind>/<version>[/<query>]``), ``signals`` carry ``rl_alert_<kind>``."""
-    subject = f"rlhealth/{alert.kind}/{alert.version}" + (
-        f"/{alert.subject}" if alert.subject else ""
-    )
-    return Score(
-        trajectory_id=subject,
-        step_id="alert",
-        tier=0,
-        score=1.0,
-        flagged=True,
-        signals={
-            f"rl_alert_{alert.kind}": 1.0,
-            "rl_alert_value": float(alert.value) if np.isfinite(alert.value) else 1e9,
-            "rl_alert_threshold": float(alert.threshold),
-        },
-        source="rollout",
-        created_at=time.time(),
-    )
-
-
 @dataclass
 class RLHealthStream:
     """The handler, tick and hold of a ``StreamProcessor`` over the TITO topics."""
@@ -441,24 +423,33 @@ class RLHealthStream:
     monitor: RLHealthMonitor
     grace_s: float = 1.0
     publish_scores: bool = True
+    art: ArtStream | None = None  # image / video generation rollouts (ART), when consumed
     collector: TreeCollector = field(init=False)
 
     def __post_init__(self) -> None:
         self.collector = TreeCollector(grace_s=self.grace_s)
 
     def handle(self, record: Record, message: Message) -> Iterable[Output]:
+        if isinstance(record, MediaRollout | ArtIteration):
+            assert self.art is not None  # the processor reads the ART topics only with one
+            return self.art.handle(record, message)
         self.collector.handle(record, message)
         return ()
 
     def tick(self) -> list[Output]:
-        return self._observe(self.collector.ready()) + self._alerts(self.monitor.tick())
+        art = self.art.tick() if self.art is not None else []
+        return self._observe(self.collector.ready()) + self._alerts(self.monitor.tick()) + art
 
     def flush(self) -> list[Output]:
         """Emit everything buffered, ended or not, and close every version."""
-        return self._observe(self.collector.flush()) + self._alerts(self.monitor.finish())
+        art = self.art.flush() if self.art is not None else []
+        return self._observe(self.collector.flush()) + self._alerts(self.monitor.finish()) + art
 
     def hold(self) -> Positions:
-        return self.collector.hold()
+        held = dict(self.collector.hold())
+        for tp, off in (self.art.hold() if self.art is not None else {}).items():
+            held[tp] = min(held.get(tp, off), off)
+        return held
 
     def _observe(self, trees: list[ExecutionTree]) -> list[Output]:
         outputs: list[Output] = []
@@ -478,20 +469,8 @@ class RLHealthStream:
         return outputs
 
     def _alerts(self, alerts: list[Alert]) -> list[Output]:
-        if not self.publish_scores:
-            return []
-        out = []
-        for a in alerts:
-            score = alert_score(a)
-            out.append(
-                Output(
-                    self.topics.scores,
-                    score,
-                    key=score.trajectory_id,
-                    idempotency_key=score.idempotency_key,
-                )
-            )
-        return out
+        return alert_outputs(self.topics.scores, alerts) if self.publish_scores else []
+
 
 def rlhealth_processor(
     bus: Bus,
@@ -502,12 +481,29 @@ def rlhealth_processor(
     grace_s: float = 1.0,
     publish_scores: bool = True,
     max_record_bytes: int = 8 * 1_048_576,
+    art: ArtMonitor | None = None,
+    art_steps: bool = True,
 ) -> tuple[StreamProcessor, RLHealthStream]:
-    """A processor over the TITO topics feeding ``monitor``; bad records are dead-lettered."""
-    s = RLHealthStream(topics, monitor, grace_s=grace_s, publish_scores=publish_scores)
+    """A processor over the TITO topics feeding ``monitor`` (and, with ``art``, the ART
+    topics feeding it; ``art_steps``: every endpoint also goes to the rollout steps topic
+    for the tiers); bad records are dead-lettered."""
+    art_stream = (
+        ArtStream(topics, art, publish_scores=publish_scores, publish_steps=art_steps)
+        if art is not None
+        else None
+    )
+    s = RLHealthStream(
+        topics, monitor, grace_s=grace_s, publish_scores=publish_scores, art=art_stream
+    )
+    models: dict[str, type[Record]] = {
+        topics.tito_calls: TitoCall,
+        topics.tito_executions: ExecutionEnd,
+    }
+    if art is not None:
+        models |= {topics.art_rollouts: MediaRollout, topics.art_iterations: ArtIteration}
     proc = StreamProcessor(
         bus,
-        {topics.tito_calls: TitoCall, topics.tito_executions: ExecutionEnd},
+        models,
         group_id,
         s.handle,
         deadletter_topic=topics.deadletter,
@@ -519,9 +515,10 @@ def rlhealth_processor(
 
 
 def monitor_records(
-    records: Iterable[Record], monitor: RLHealthMonitor
+    records: Iterable[Record], monitor: RLHealthMonitor, art: ArtMonitor | None = None
 ) -> tuple[RLHealthMonitor, dict[str, int]]:
-    """Offline: feed a file's TITO records through ``monitor`` in file order.
+    """Offline: feed a file's TITO records through ``monitor`` in file order (and its ART
+    records through ``art``, when given).
 
     An execution is observed when its end record arrives (a call after its
     end is late, as in the stream); what never ended is observed at the end.
@@ -536,9 +533,14 @@ def monitor_records(
             counts[asm.add_end(r)] += 1
             for tree in asm.pop_completed([r.execution_id]):
                 monitor.observe(tree)
+        elif art is not None and isinstance(r, MediaRollout | ArtIteration):
+            counts[r.kind] += 1
+            art.observe(r)
         else:
             counts["skipped"] += 1
     for tree in asm.flush():
         monitor.observe(tree)
     monitor.finish()
+    if art is not None:
+        art.finish()
     return monitor, dict(counts)

@@ -85,8 +85,15 @@ class StepHistories:
         for tid, got in pending.items():
             self.history.add(tid, got.values())
         for e in events:
-            if e.final:  # the trajectory is over: its history is not needed any more
+            if e.final and _ends_trajectory(e):  # its history is not needed any more
                 self.history.forget(e.trajectory_id)
+
+
+def _ends_trajectory(e: StepEvent) -> bool:
+    """Whether a final step ends its trajectory: it does unless its producer says the
+    trajectory goes on (``meta.trajectory_continues``: an ART group ends, the prompt's
+    trajectory runs on across policy versions, ``monitor.rlhealth.art_steps``)."""
+    return not (e.meta and e.meta.get("trajectory_continues") is True)
 
 
 def _digest(e: StepEvent) -> bytes:

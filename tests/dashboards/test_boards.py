@@ -15,6 +15,7 @@ from dashboards import boards
 from dashboards.metrics import ORIGINS, STREAMS, WorkerMetrics
 from dashboards.prometheus import LocalPrometheus, PrometheusError
 from monitor.rlhealth.metrics import RLHealthMetrics
+from monitor.rlhealth.signals import ArtVersionSignals
 from streams.broker import free_port
 
 UIDS = {"vigil-overview", "vigil-recall", "vigil-rl-health"}
@@ -257,6 +258,11 @@ def _exercise(stop: threading.Event, registry: CollectorRegistry) -> None:
         rl.group_reward.observe(0.6)
         rl.reward_hacking.inc()
         rl.alerts.labels(kind="drift").inc()
+        rl.set_art_version(ArtVersionSignals(
+            version=i, prompts=8, endpoints=64, reward_mean=0.5, head_means={"ocr": 0.4},
+            no_signal_share=0.0, diversity_mean=0.02, masked_share=0.05,
+            masked_share_trend=0.001, drift_norm_mean=0.1, drift_dot_g_mean=0.05,
+            head_divergence={"ocr": 0.2}))
         stop.wait(0.2)
 
 

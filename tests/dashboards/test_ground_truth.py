@@ -24,8 +24,8 @@ from dashboards.canary import (
 from dashboards.ground_truth import LabelJoin
 from dashboards.metrics import WorkerMetrics
 from dashboards.prometheus import LocalPrometheus
-from dashboards.recall import wilson_interval
 from streams.records import LabelRecord, Score, Trajectory, read_jsonl
+from vigil.metrics import wilson_interval
 
 
 def _count(m: WorkerMetrics, **labels: str) -> float:

@@ -207,6 +207,42 @@ def attributed_trigger(*, attribution: Any = None) -> dict[str, Any]:
                         "source": "rollout", "severity": "critical", "custom_details": details}}
 
 
+ART_PROMPT = "a neon <b>sign</b> that reads 'open late' & a cat"
+ART_REWARDS = [{"clipscore": 0.71, "ocr": 0.25, "pickscore": 0.5},
+               {"clipscore": 0.68, "ocr": 0.31, "pickscore": 0.52},
+               {"clipscore": 0.934, "ocr": 0.018, "pickscore": 0.777}]
+ART_COLOURS = [(40, 120, 200), (200, 120, 40), (30, 200, 90)]
+
+
+def art_trigger() -> dict[str, Any]:
+    """The worker's trigger for an ART endpoint that reached L3: the third endpoint of a real
+    :class:`~streams.media.MediaRollout` as a step (``monitor.rlhealth.art_steps``), with the
+    two before it as its history, paged by the worker's ``page_event``."""
+    from monitor.pipeline import StepVerdict
+    from monitor.rlhealth.art_steps import media_step_events
+    from monitor.screening import screen_step_of
+    from monitor.stream.paging import page_event
+    from streams.media import MediaEndpoint, MediaRollout
+    from streams.records import Escalation
+
+    rollout = MediaRollout(
+        run_id="run-7", prompt_id="p042", prompt=ART_PROMPT, policy_version=3,
+        endpoints=[MediaEndpoint(ref=f"s3://art/run-7/v3/p042/{i}.png",
+                                 thumbnail=png_data_uri(32, 32, ART_COLOURS[i]),
+                                 rewards=ART_REWARDS[i], seed=3 * 1024 + i) for i in range(3)],
+        reward_weights={"clipscore": 0.5, "ocr": 0.2, "pickscore": 0.3})
+    events = media_step_events(rollout)
+    step = screen_step_of(events[2], [e.step for e in events[:2]])
+    traj = step.trajectory_so_far()
+    escalation = Escalation(trajectory_id=traj.trajectory_id, step_id=step.step_id, tier=2,
+                            score=0.9, trajectory=traj, source="rollout")
+    verdict = StepVerdict(traj.trajectory_id, step.step_id, tier=3, score=0.93, flagged=True,
+                          signals={"wm_surprise": 0.99, "wm_harm_post": 0.4},
+                          gate_scores=(0.95, 0.9, 0.93))
+    event = page_event(escalation, verdict, [0.27, 0.58, 0.6])
+    return event.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
 @contextmanager
 def serving(make_app: Callable[[str], Any]) -> Iterator[str]:
     """The app ``make_app(base_url)`` builds, under uvicorn on a loopback port of its own

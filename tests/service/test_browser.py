@@ -20,7 +20,15 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from streams.records import LabelRecord, decode
 from tests.service.conftest import Service
-from tests.service.helpers import attributed_trigger, serving, trigger, wait_for
+from tests.service.helpers import (
+    ART_PROMPT,
+    ART_REWARDS,
+    art_trigger,
+    attributed_trigger,
+    serving,
+    trigger,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("VIGIL_TEST_ARTIFACTS", ROOT / "runs" / "test-artifacts"))
@@ -146,3 +154,34 @@ def test_harm_attribution_on_the_case_page_in_chromium(
     step = browser.find_element(By.ID, "step-m9")
     assert "moved toward harm most: δ +0.450" in step.text
     browser.save_screenshot(str(ARTIFACTS / "review_case_attribution_step.png"))
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_generated_image_on_the_case_page_in_chromium(
+    live_server: str, browser: WebDriver, service: Service
+) -> None:
+    """An ART endpoint's case: its thumbnail really renders, beside its prompt and the score
+    of every reward model."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with httpx.Client(base_url=live_server, headers=service.auth("producer")) as api:
+        assert api.post("/api/v1/events", json=art_trigger()).status_code == 202
+    wait = WebDriverWait(browser, 20)
+    browser.get(live_server + "/login?next=/cases/1")
+    browser.find_element(By.ID, "token").send_keys(service.tokens["reviewer"])
+    browser.find_element(By.ID, "sign-in").click()
+
+    flagged = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "section.step.flagged")))
+    assert flagged.get_attribute("data-step-id") == "v3-e2"
+    media = flagged.find_element(By.CSS_SELECTOR, ".media")
+    thumb = media.find_element(By.CSS_SELECTOR, "img.thumbnail")
+    assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth",
+                                  thumb) == 32  # the endpoint's PNG really rendered
+    assert thumb.size["width"] > 100  # scaled up to be seen
+    assert media.find_element(By.CSS_SELECTOR, "pre.prompt").text == ART_PROMPT
+    rewards = media.find_element(By.CSS_SELECTOR, "table.rewards").text
+    for head, value in ART_REWARDS[2].items():
+        assert f"{head} {value:.3f}" in rewards
+    assert "R, the trainer's scalar 0.704" in rewards
+    assert len(browser.find_elements(By.CSS_SELECTOR, "section.step img.thumbnail")) == 3
+    browser.execute_script("arguments[0].scrollIntoView()", flagged)
+    browser.save_screenshot(str(ARTIFACTS / "review_case_generated_image.png"))

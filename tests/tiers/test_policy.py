@@ -71,7 +71,7 @@ def test_a_signal_no_step_has_is_fitted_quietly_and_weighs_nothing() -> None:
 
 
 def test_stacking_beats_the_best_single_signal_when_both_carry_information() -> None:
-    from dashboards.recall import auroc
+    from vigil.metrics import auroc
 
     rng = np.random.default_rng(1)
     rows, y = _synthetic(3000, rng)

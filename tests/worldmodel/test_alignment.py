@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dashboards.recall import auroc
+from vigil.metrics import auroc
 from worldmodel.alignment import PASSAGE_CHARS, goal_alignment, top_instruction
 from worldmodel.datasets.domains import domain_of
 from worldmodel.datasets.format import Transition, read_transitions

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dashboards.recall import auroc
 from monitor.scorers.provenance import ProvenanceSignals
 from monitor.screening import ScreenStep, screen_steps_of
 from streams.records import Action, GuiAction, Observation, Step, ToolCall, Trajectory
+from vigil.metrics import auroc
 from worldmodel.datasets.domains import domain_of
 from worldmodel.datasets.format import Transition, read_transitions
 from worldmodel.provenance import (

@@ -73,7 +73,7 @@ def test_relational_harm_learns_steps_from_trajectory_labels_and_keeps_its_bundl
     """Rows labelled only through their trajectory (bags of 5; unsafe if any step is): the
     MIL fit ranks unseen steps better than labelling every step with its trajectory's label,
     and it is saved and loaded as before."""
-    from dashboards.recall import auroc
+    from vigil.metrics import auroc
 
     x, y = _harm_data()
     bags = np.arange(len(y)) // 5

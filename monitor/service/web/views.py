@@ -1,6 +1,8 @@
 """What the case page shows, computed from a page's alerts (each carries the trajectory so
 far, the flagged step, tier scores, the L2 rubric verdict and, from a worker with a world
-model, the harm attribution of the trajectory: ``monitor.rlhealth.attribution``)."""
+model, the harm attribution of the trajectory: ``monitor.rlhealth.attribution``). A step
+of a generated-media rollout (``monitor.rlhealth.art_steps``) also shows what it generated:
+the thumbnail, the prompt and the rewards by reward model."""
 
 from __future__ import annotations
 
@@ -37,11 +39,29 @@ class StepView:
     result_text: str | None
     result_image: str | None
     result_path: str | None
+    media: MediaView | None = None  # a generated image or video (an ART endpoint)
     flagged: bool = False
     dedup_key: str | None = None
     scores: list[dict[str, Any]] = field(default_factory=list)
     rubric: dict[str, Any] | None = None
     harm_residual: float | None = None  # set on the step the attribution names
+
+
+# --- generated media -----------------------------------------------------------------------
+
+
+@dataclass
+class MediaView:
+    """What an ART endpoint step generated: the step's result thumbnail, its prompt, and the
+    score of every reward model."""
+
+    kind: str
+    prompt: str
+    image: str | None  # the thumbnail, when it is an inline image
+    image_text: str | None  # anything else the producer sent for it: shown as text
+    rewards: list[tuple[str, float]]
+    reward: float | None  # the scalar R the trainer used
+    facts: list[tuple[str, str]]  # run, prompt id, policy version, endpoint, seed, ref
 
 
 # --- harm attribution ----------------------------------------------------------------------
@@ -53,6 +73,19 @@ _Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+
+class _Media(_Lenient):  # what the page reads of a step's ``media`` (art_steps)
+    kind: str = Field(default="image", max_length=20)
+    run_id: str | None = None
+    prompt_id: str | None = None
+    policy_version: int | None = None
+    endpoint: int | None = Field(default=None, ge=0)
+    endpoints: int | None = Field(default=None, ge=1)
+    ref: str | None = None
+    seed: int | None = None
+    rewards: dict[str, _Finite] = Field(default_factory=dict, max_length=64)
+    reward: _Finite | None = None
 
 
 class _TopToken(_Lenient):
@@ -238,7 +271,36 @@ def _path(value: Any) -> str | None:
     return value if isinstance(value, str) and value and image_src(value) is None else None
 
 
-def _step_view(step: dict[str, Any]) -> StepView:
+def media_view(step: dict[str, Any], task: str) -> MediaView | None:
+    """The generated-media section of a step, or None when it has no (well-formed) ``media``;
+    the prompt is the call's ``prompt`` argument, else the trajectory's task."""
+    try:
+        m = _Media.model_validate(step.get("media"))
+    except (ValidationError, TypeError, ValueError):
+        return None
+    result = step.get("result")
+    shot = result.get("screenshot") if isinstance(result, dict) else None
+    tool = (step.get("action") or {}).get("tool")
+    args = tool.get("arguments") if isinstance(tool, dict) else None
+    prompt = args.get("prompt") if isinstance(args, dict) else None
+    endpoint = None
+    if m.endpoint is not None:
+        endpoint = f"{m.endpoint + 1}" + (f" of {m.endpoints}" if m.endpoints else "")
+    facts = [(name, str(v)) for name, v in (
+        ("Run", m.run_id), ("Prompt id", m.prompt_id), ("Policy version", m.policy_version),
+        ("Endpoint", endpoint), ("Seed", m.seed), ("Full " + m.kind, m.ref)) if v is not None]
+    return MediaView(
+        kind=m.kind,
+        prompt=prompt if isinstance(prompt, str) else task,
+        image=image_src(shot),
+        image_text=_path(shot),
+        rewards=sorted(m.rewards.items()),
+        reward=m.reward,
+        facts=facts,
+    )
+
+
+def _step_view(step: dict[str, Any], task: str) -> StepView:
     obs = step.get("observation") or {}
     action = step.get("action") or {}
     result = step.get("result") or None
@@ -258,6 +320,7 @@ def _step_view(step: dict[str, Any]) -> StepView:
         result_text=str(result.get("text", "")) if isinstance(result, dict) else None,
         result_image=image_src(result.get("screenshot")) if isinstance(result, dict) else None,
         result_path=_path(result.get("screenshot")) if isinstance(result, dict) else None,
+        media=media_view(step, task) if "media" in step else None,
     )
 
 
@@ -282,7 +345,8 @@ def case_view(page: Page) -> CaseView:
         # the longest trajectory-so-far is the most complete view (ties: the newest)
         latest = max(alerts, key=lambda a: (len(a.details["trajectory"].get("steps", [])), a.id))
         t = latest.details["trajectory"]
-        steps = [_step_view(s) for s in t.get("steps", []) if isinstance(s, dict)]
+        task = str(t.get("task", ""))
+        steps = [_step_view(s, task) for s in t.get("steps", []) if isinstance(s, dict)]
         index = {s.step_id: s for s in steps}
         flagged = []
         for alert in alerts:
@@ -303,8 +367,8 @@ def case_view(page: Page) -> CaseView:
                 break
         if attribution is not None and attribution.harmful.anchor in index:
             index[attribution.harmful.call_id].harm_residual = attribution.harmful.residual
-        views.append(TrajectoryView(tid, str(t.get("task", "")), str(t.get("source", "")),
-                                    steps, flagged, attribution))
+        views.append(TrajectoryView(tid, task, str(t.get("source", "")), steps, flagged,
+                                    attribution))
     return CaseView(views, loose)
 
 

@@ -1,7 +1,8 @@
-"""Recall at a false-positive budget: the few numbers every tier is judged by.
+"""The few numbers every tier is judged by, and the logistic function behind its scores.
 
-One implementation for model evaluation (world model, probes), calibration and
-the dashboards, so a "recall at 1 % FPR" means the same thing everywhere.
+One implementation for model evaluation (world model, probes), calibration, the benches and
+the dashboards, so an AUROC or a "recall at 1 % FPR" means the same thing everywhere:
+``auroc``, ``recall_at_fpr``, ``threshold_at_fpr``, ``wilson_interval`` and ``sigmoid``.
 """
 
 from __future__ import annotations
@@ -13,11 +14,23 @@ def _both_classes(y: np.ndarray) -> bool:
     return bool(0 < np.asarray(y).sum() < len(y))
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """The logistic function, clipped so that no logit overflows."""
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -50, 50)))
+
+
 def auroc(y: np.ndarray, scores: np.ndarray) -> float | None:
     """Area under the ROC curve; None when ``y`` holds only one class."""
     from sklearn.metrics import roc_auc_score
 
+    y = np.asarray(y)
     return float(roc_auc_score(y, scores)) if _both_classes(y) else None
+
+
+def auroc_or_nan(y: np.ndarray, scores: np.ndarray) -> float:
+    """:func:`auroc`, NaN where it is undefined (for tables that average over folds)."""
+    v = auroc(y, scores)
+    return float("nan") if v is None else v
 
 
 def recall_at_fpr(y: np.ndarray, scores: np.ndarray, fpr: float = 0.01) -> float | None:
