@@ -81,7 +81,8 @@ class ArtConfig:
     drift_growth: float = 2.0  # alert when mean ‖d‖ exceeds this factor of its baseline
     collapse_drop: float = 0.5  # alert when a prompt's diversity falls by this share ...
     collapse_sd: float = 3.0  # ... and this many baseline sd (of log diversity) ...
-    collapse_window: int = 2  # ... averaged over this many versions, ...
+    collapse_window: int = 2  # ... averaged over this many versions, against the
+    collapse_gap: int = 2  # ... baseline versions that end this many versions before, ...
     collapse_reward_rise: float = 0.0  # ... while its reward is above its baseline by this
     collapse_reward_sd: float = 2.0  # ... and this many baseline sd
     divergence_sd: float = 1.0  # a head's change minus the others' median, in baseline sd,
@@ -209,20 +210,23 @@ def collapse_alert(
     history: Sequence[PromptSignals], cfg: ArtConfig
 ) -> tuple[Alert | None, bool]:
     """``(alert, judged)`` for one prompt's versions: over the last ``collapse_window``
-    versions its endpoints' diversity (log, averaged) fell below its baseline (median) by more
-    than ``log 1/(1 − collapse_drop)`` and ``collapse_sd`` baseline sd (from the MAD), while
-    its reward rose
+    versions its endpoints' diversity (log, averaged) fell below its baseline (the median of
+    the ``baseline_versions`` that end ``collapse_gap`` versions before them: a rolling
+    baseline, so the slow narrowing of healthy training is absorbed and a collapse, which
+    takes a few versions, is not) by more than ``log 1/(1 − collapse_drop)`` and
+    ``collapse_sd`` baseline sd (from the MAD), while its reward rose
     ``collapse_reward_sd`` baseline sd (and ``collapse_reward_rise``) above its baseline."""
     seen = [p for p in history if p.diversity is not None and p.diversity > 0]
-    if len(seen) < cfg.baseline_versions + cfg.collapse_window:
+    w, lag = cfg.collapse_window, cfg.collapse_window + cfg.collapse_gap
+    if len(seen) < cfg.baseline_versions + lag:
         return None, False
     diversity = np.array([p.diversity for p in seen], dtype=np.float64)
-    base = seen[: cfg.baseline_versions]
-    logs = np.log(diversity[: cfg.baseline_versions])
+    base = seen[-(lag + cfg.baseline_versions) : -lag]  # rolling: healthy drift is absorbed
+    logs = np.log(diversity[-(lag + cfg.baseline_versions) : -lag])
     centre = float(np.median(logs))  # median and MAD: one odd baseline version moves neither
     spread = 1.4826 * float(np.median(np.abs(logs - centre)))
     rewards = np.array([p.reward_mean for p in base])
-    drop = centre - float(np.mean(np.log(diversity[-cfg.collapse_window :])))
+    drop = centre - float(np.mean(np.log(diversity[-w:])))
     need_drop = max(-np.log(1.0 - cfg.collapse_drop), cfg.collapse_sd * spread)
     cur = seen[-1]
     rise = cur.reward_mean - float(rewards.mean())
