@@ -684,34 +684,37 @@ def rl_health() -> DashboardBuilder:
              description="The rollout precision's discrepancy over the reference precision's, "
              "minus one."))
          .with_row(row("Image and video generation (ART)"))
+         .with_panel(stat_panel("ART: policy version", [query(
+             "max(vigil_rl_art_version)", "version")], decimals=0, width=4,
+             description="Latest closed policy version of the image-generation run."))
          .with_panel(timeseries_panel("ART: masked states", [
              query("max(vigil_rl_art_masked_share)", "masked share"),
              query("max(vigil_rl_art_masked_share_trend)", "trend per version")],
-             unit="percentunit", width=8, min_value=None,
+             unit="percentunit", width=10, min_value=None,
              description="Share of states the trust-region mask zeroes (m >= delta and "
              "<d, G - d> > 0), latest closed version, and its slope; a climb means the "
              "updates push past the trust region."))
          .with_panel(timeseries_panel("ART: drift", [
              query("max(vigil_rl_art_drift_norm)", "mean |d|"),
-             query("max(vigil_rl_art_drift_dot_g)", "mean <d, G>")], width=8, min_value=None,
+             query("max(vigil_rl_art_drift_dot_g)", "mean <d, G>")], width=10, min_value=None,
              description="Drift d = v_theta - v_theta0 of the velocity network, and its "
              "component along the guidance direction G."))
          .with_panel(timeseries_panel("ART: prompts without learning signal", [query(
              "max(vigil_rl_art_no_signal_share)", "Z_c under the floor")],
-             unit="percentunit", width=8,
+             unit="percentunit", width=6,
              description="Share of prompts whose K rewards are equal: they teach nothing."))
          .with_panel(timeseries_panel("ART: reward and endpoint diversity", [
              query("max(vigil_rl_art_reward_mean)", "mean reward"),
              query("max(vigil_rl_art_endpoint_diversity)", "endpoint diversity"),
              query("max(vigil_rl_art_collapsed_prompts)", "collapsing prompts")],
-             width=8, description="Reward rising while a prompt's endpoints collapse onto "
+             width=6, description="Reward rising while a prompt's endpoints collapse onto "
              "each other (diversity: mean pairwise distance of their world-model vision "
              "embeddings) is reward hacking or mode collapse."))
          .with_panel(timeseries_panel("ART: reward per reward model", [query(
-             "max by (head) (vigil_rl_art_head_reward_mean)", "{{head}}")], width=8,
+             "max by (head) (vigil_rl_art_head_reward_mean)", "{{head}}")], width=6,
              description="Mean reward of every reward model, latest closed version."))
          .with_panel(timeseries_panel("ART: reward-model divergence", [query(
-             "max by (head) (vigil_rl_art_head_divergence)", "{{head}}")], width=8,
+             "max by (head) (vigil_rl_art_head_divergence)", "{{head}}")], width=6,
              min_value=None, description="A head's recent change minus the other heads' "
              "median, in baseline standard deviations: one head rising alone is a "
              "weighted-sum reward gamed on that head."))

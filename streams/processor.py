@@ -462,7 +462,6 @@ class StreamProcessor:
                     if self.on_assigned:
                         self.on_assigned()
                 if batch:
-                    last_input = time.monotonic()
                     try:
                         self.process(batch)
                     except RetryLater as e:
@@ -482,6 +481,7 @@ class StreamProcessor:
                         last_input = None
                         continue
                     backoff = retry_backoff_s
+                    last_input = time.monotonic()  # idle counts from the end of the work
                 elif last_input is None and consumer.assigned:
                     last_input = time.monotonic()
                 if self.tick:

@@ -3,8 +3,8 @@
 One stream of real AgentDojo steps (deployment and rollout, with canaries injected and a
 bad record) goes through ``monitor stream`` with real (tiny) models on the Tansu broker;
 the paging service pages for tier 3 and a human verdict goes back to the labels topic;
-``monitor rlhealth`` streams a simulated RL run. Debian's Prometheus scrapes the worker,
-the paging service and the RL-health stream. Then:
+``monitor rlhealth`` streams a simulated RL run and a simulated image-generation (ART) run.
+Debian's Prometheus scrapes the worker, the paging service and the RL-health stream. Then:
 
 * every panel query of every dashboard returns data;
 * canary recall per tier, as the stream measured it, equals the recall computed offline
@@ -29,6 +29,7 @@ import pytest
 from dashboards.canary import build_canary_set, canary_trajectory
 from dashboards.prometheus import LocalPrometheus, PrometheusClient
 from monitor.demo import PagingServer, paging_server
+from monitor.rlhealth.art_simulate import simulate_art_run
 from monitor.rlhealth.simulate import simulate_rl_run
 from streams.broker import free_port
 from streams.config import KafkaSettings, Topics
@@ -124,6 +125,10 @@ def test_dashboards_show_a_live_stream_and_canary_recall_matches_offline(
                                  seed=3).records:
             dest = rl_topics.tito_calls if r.kind == "tito.call" else rl_topics.tito_executions
             publish_record(bus, dest, r, key=r.execution_id)
+        # an image-generation run long enough to set its baselines (8 versions) and divergence
+        for m in simulate_art_run(iterations=11, prompts=2, k=3, seed=1).records:
+            dest = rl_topics.art_rollouts if m.kind == "art.rollout" else rl_topics.art_iterations
+            publish_record(bus, dest, m, key=m.run_id)
         bus.flush()
 
         c = prom.client
@@ -154,6 +159,7 @@ def test_dashboards_show_a_live_stream_and_canary_recall_matches_offline(
         prom.wait_for('vigil_page_verdicts_total{verdict="harmful"} > 0', timeout_s=30)
         prom.wait_for('vigil_deadletters_total{stage="screen"}', timeout_s=30)
         prom.wait_for("vigil_rl_training_version > 0", timeout_s=60)
+        prom.wait_for("vigil_rl_art_version > 0", timeout_s=60)
         time.sleep(3)  # a few more scrapes after the last change
 
         # 1. every panel of every dashboard returns data; a panel's "or vector(0)" fallback
