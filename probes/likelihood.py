@@ -49,8 +49,9 @@ from typing import Any
 
 import numpy as np
 
+from vigil.fitting import StandardisedLogit, fit_standardised_logit
 from vigil.lm import LanguageModel
-from vigil.metrics import auroc, sigmoid
+from vigil.metrics import auroc
 
 TEMPLATE_VERSION = 1
 BUNDLE_VERSION = 1
@@ -309,9 +310,8 @@ def likelihood_features(
 
 @dataclass
 class GainCalibration:
-    """Standardised, class-balanced logistic regression over a feature set → P(harmful).
-
-    scikit-learn fits it; the learned state is plain numbers, so it round-trips as JSON.
+    """Standardised, class-balanced logistic regression (:mod:`vigil.fitting`) over a feature
+    set → P(harmful); the learned state is plain numbers, so it round-trips as JSON.
     """
 
     features: tuple[str, ...] = FEATURE_SETS["gain"]
@@ -326,26 +326,22 @@ class GainCalibration:
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> GainCalibration:
         """``X``: rows of ``FEATURES`` (NaN rows are skipped); ``y``: 0/1 harmful."""
-        from sklearn.linear_model import LogisticRegression
-
         Z, ok = self.columns(X), ~np.isnan(X).any(1)
         Z, y = Z[ok], np.asarray(y)[ok]
         if len(set(y.tolist())) != 2:
             raise ValueError("the calibration needs harmful and benign steps to fit on")
-        mean, scale = Z.mean(0), Z.std(0)
-        scale[scale == 0] = 1.0
-        lr = LogisticRegression(C=self.C, class_weight="balanced", max_iter=2000)
-        lr.fit((Z - mean) / scale, y)
-        self.mean_, self.scale_ = mean.tolist(), scale.tolist()
-        self.coef_, self.intercept_ = lr.coef_[0].tolist(), float(lr.intercept_[0])
+        fit = fit_standardised_logit(Z, y, self.C)
+        self.mean_, self.scale_ = fit.mean.tolist(), fit.scale.tolist()
+        self.coef_, self.intercept_ = fit.coef.tolist(), fit.intercept
         return self
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """P(harmful) per row; NaN where the row is NaN (no action to score)."""
         if not self.coef_:
             raise ValueError("the calibration is not fitted")
-        Z = (self.columns(X) - np.array(self.mean_)) / np.array(self.scale_)
-        return np.asarray(sigmoid(Z @ np.array(self.coef_) + self.intercept_))
+        return StandardisedLogit(
+            np.array(self.mean_), np.array(self.scale_), np.array(self.coef_), self.intercept_
+        ).predict_proba(self.columns(X))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -59,6 +59,8 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator
 
+from vigil.fitting import StandardisedLogit, fit_standardised_logit
+from vigil.metrics import sigmoid
 from worldmodel.acts import fold_text
 from worldmodel.call_values import (  # noqa: F401 (MAX_*: documented here too)
     _WS,
@@ -371,7 +373,8 @@ def provenance_features(steps: Sequence[Any]) -> tuple[np.ndarray, tuple[str, ..
 
 
 class ProvenanceHarm(BaseEstimator):
-    """Standardise + class-balanced logistic regression on a subset of :data:`FEATURES`.
+    """Standardise + class-balanced logistic regression (:mod:`vigil.fitting`) on a subset of
+    :data:`FEATURES`.
 
     ``C``: inverse L2 strength; ``features``: the names used (None: all). ``fit`` and the
     scores take the full matrix of :func:`provenance_features` and pick their columns.
@@ -388,24 +391,23 @@ class ProvenanceHarm(BaseEstimator):
         self.features = features
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> ProvenanceHarm:
-        from sklearn.linear_model import LogisticRegression
-
         self.columns_ = np.array([FEATURES.index(n) for n in self.features or FEATURES])
-        z = x[:, self.columns_]
-        self.mean_, self.scale_ = z.mean(0), z.std(0) + 1e-6
-        lr = LogisticRegression(C=self.C, max_iter=2000, class_weight="balanced")
-        lr.fit((z - self.mean_) / self.scale_, y)
-        self.coef_, self.intercept_ = lr.coef_[0].astype(np.float64), float(lr.intercept_[0])
+        fit = fit_standardised_logit(x[:, self.columns_], y, self.C)
+        self.mean_, self.scale_, self.coef_, self.intercept_ = (
+            fit.mean, fit.scale, fit.coef, fit.intercept
+        )
         return self
 
-    def decision_function(self, x: np.ndarray) -> np.ndarray:
+    def _logit(self) -> StandardisedLogit:
         if getattr(self, "coef_", None) is None:
             raise RuntimeError("ProvenanceHarm is not fitted yet; call fit first")
-        return np.asarray((x[:, self.columns_] - self.mean_) / self.scale_ @ self.coef_
-                          + self.intercept_)
+        return StandardisedLogit(self.mean_, self.scale_, self.coef_, self.intercept_)
+
+    def decision_function(self, x: np.ndarray) -> np.ndarray:
+        return self._logit().decision_function(x[:, self.columns_])
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
-        p = 1.0 / (1.0 + np.exp(-np.clip(self.decision_function(x), -50, 50)))
+        p = sigmoid(self.decision_function(x))
         return np.column_stack([1 - p, p])
 
     def to_dict(self) -> dict[str, Any]:
