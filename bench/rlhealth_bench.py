@@ -164,7 +164,7 @@ def art_detection(args: argparse.Namespace) -> dict[str, object]:
     )
     from monitor.shipped import shipped_dir
 
-    logging.getLogger("monitor.rlhealth.art").setLevel(logging.ERROR)
+    logging.getLogger("monitor.rlhealth.alerts").setLevel(logging.ERROR)
     embed = vision_embedder(shipped_dir() / "worldmodel")
     timing = {"endpoints": 0, "seconds": 0.0}
 

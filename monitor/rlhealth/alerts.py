@@ -13,8 +13,9 @@ cleared (a trainer that stays behind for 50 versions is one alert, not 50).
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,6 +25,8 @@ from monitor.rlhealth.formulas import expected_staleness, relative_extra_discrep
 from monitor.rlhealth.signals import GroupSignals, VersionSignals
 from streams.processor import Output
 from streams.records import Score
+
+log = logging.getLogger(__name__)
 
 AlertKind = Literal[
     "staleness",
@@ -71,8 +74,21 @@ class AlertLatch:
     when the rule found the condition clear.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_raise: Callable[[Alert], None] | None = None) -> None:
         self._active: dict[str, Alert] = {}
+        self.on_raise = on_raise  # e.g. the metrics' alert counter
+        self.raised: list[Alert] = []  # every alert raised, in order
+
+    def judge(self, condition: str, alert: Alert | None) -> Alert | None:
+        """:meth:`update`, and an alert raised now is kept in :attr:`raised`, logged and
+        passed to ``on_raise``; returns it (None when nothing was raised)."""
+        alert = self.update(condition, alert)
+        if alert is not None:
+            self.raised.append(alert)
+            log.warning("rlhealth alert: %s", alert.message)
+            if self.on_raise is not None:
+                self.on_raise(alert)
+        return alert
 
     def update(self, condition: str, alert: Alert | None) -> Alert | None:
         """The alert to raise now: ``alert`` when ``condition`` was clear before, else None."""

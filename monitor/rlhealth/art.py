@@ -27,7 +27,6 @@ or once nothing arrived for it for ``close_after_s`` while a later one exists (a
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -42,8 +41,6 @@ from monitor.rlhealth.formulas import mean_pairwise_distance, reward_normaliser
 from monitor.rlhealth.metrics import RLHealthMetrics
 from monitor.rlhealth.signals import ArtVersionSignals, as_dict
 from streams.media import ArtIteration, MediaRollout
-
-log = logging.getLogger(__name__)
 
 Embed = Callable[[Sequence[str]], np.ndarray]  # thumbnails (data URIs) → (N, D) embeddings
 
@@ -316,8 +313,8 @@ class ArtMonitor:
         self.embed = embed
         self.clock = clock
         self.closed: list[ArtVersionSignals] = []
-        self.alerts: list[Alert] = []
-        self.latch = AlertLatch()
+        self.latch = AlertLatch(metrics.observe_alert if metrics is not None else None)
+        self.alerts = self.latch.raised
         self.rollouts = 0
         self.duplicates = 0
         self.late = 0
@@ -473,14 +470,10 @@ class ArtMonitor:
         return out
 
     def _raise(self, condition: str, alert: Alert | None, into: list[Alert]) -> None:
-        alert = self.latch.update(condition, alert)
-        if alert is None:
-            return
-        self.alerts.append(alert)
-        into.append(alert)
-        log.warning("rlhealth alert: %s", alert.message)
-        if self.metrics is not None:
-            self.metrics.observe_alert(alert)
+        """Judge ``condition`` (``alert`` if it holds, else None); raise only on its rising
+        edge: a condition that stays in the alert state over many versions is one alert."""
+        if (raised := self.latch.judge(condition, alert)) is not None:
+            into.append(raised)
 
     def report(self) -> dict[str, Any]:
         """Everything judged so far, JSON-ready (the ``art`` part of ``monitor rlhealth``)."""

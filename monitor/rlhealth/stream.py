@@ -14,7 +14,6 @@ its execution was emitted is dead-lettered.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
@@ -56,8 +55,6 @@ from streams.processor import Output, Positions, StreamProcessor
 from streams.records import ExecutionEnd, Record, Score, TitoCall
 from streams.rollouts import TreeCollector
 from streams.tito import ExecutionTree, TreeAssembler
-
-log = logging.getLogger(__name__)
 
 HarmFn = Callable[[ExecutionTree], float | None]
 
@@ -115,7 +112,6 @@ class RLHealthMonitor:
         self.metrics = metrics
         self.harm_fn = harm_fn
         self.executions = 0
-        self.alerts: list[Alert] = []
         self.closed: list[VersionSignals] = []  # by trainer (consumed) version
         self.closed_policy: list[VersionSignals] = []  # mismatch, by rollout version
         self.flagged_groups: list[GroupSignals] = []
@@ -135,7 +131,9 @@ class RLHealthMonitor:
         self._timeout_rewards: deque[float] = deque(maxlen=self.config.durations_kept)
         self._totals: dict[str, int] = defaultdict(int)
         self._admitted_roles: dict[str, int] = defaultdict(int)
-        self.latch = AlertLatch()  # alerts fire when a condition starts, not every version
+        # alerts fire when a condition starts, not every version
+        self.latch = AlertLatch(metrics.observe_alert if metrics is not None else None)
+        self.alerts = self.latch.raised
         self._drift_by_pass: dict[int, dict[int, list[float]]] = {}
         if metrics is not None:
             metrics.staleness_expected.set(self.config.alerts.expected_staleness)
@@ -257,14 +255,8 @@ class RLHealthMonitor:
     def _raise(self, condition: str, alert: Alert | None, into: list[Alert]) -> None:
         """Judge ``condition`` (``alert`` if it holds, else None); raise only on its rising
         edge: a condition that stays in the alert state over many versions is one alert."""
-        alert = self.latch.update(condition, alert)
-        if alert is None:
-            return
-        self.alerts.append(alert)
-        into.append(alert)
-        log.warning("rlhealth alert: %s", alert.message)
-        if self.metrics is not None:
-            self.metrics.observe_alert(alert)
+        if (raised := self.latch.judge(condition, alert)) is not None:
+            into.append(raised)
 
     def _close_trainer(self, versions: list[int]) -> list[Alert]:
         out: list[Alert] = []

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 def png_data_uri(
@@ -265,3 +265,19 @@ def serving(make_app: Callable[[str], Any]) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=20)
         sock.close()
+
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+    from tests.service.conftest import Service
+
+
+def open_case_page(client: TestClient, service: Service, event: dict[str, Any]) -> str:
+    """Send ``event`` as the producer, then open its case page (the first) as a reviewer."""
+    r = client.post("/api/v1/events", json=event, headers=service.auth("producer"))
+    assert r.status_code == 202, r.text
+    client.post("/login", data={"token": service.tokens["reviewer"]})
+    page = client.get("/cases/1")
+    assert page.status_code == 200
+    return page.text

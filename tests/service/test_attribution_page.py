@@ -11,18 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import Service
-from tests.service.helpers import attributed_trigger, trigger
+from tests.service.helpers import attributed_trigger, open_case_page, trigger
 
 SECTION = "Harm attribution (MPO credit assignment)"
-
-
-def _case(client: TestClient, service: Service, event: dict[str, Any]) -> str:
-    r = client.post("/api/v1/events", json=event, headers=service.auth("producer"))
-    assert r.status_code == 202, r.text
-    client.post("/login", data={"token": service.tokens["reviewer"]})
-    page = client.get("/cases/1")
-    assert page.status_code == 200
-    return page.text
 
 
 def _row(html: str, turn: int) -> str:
@@ -36,7 +27,7 @@ def test_the_case_page_shows_which_turn_and_tokens_moved_toward_harm(
 ) -> None:
     event = attributed_trigger()
     turns = event["payload"]["custom_details"]["attribution"]["turns"]
-    html = _case(client, service, event)
+    html = open_case_page(client, service, event)
     assert html.count(SECTION) == 1
     assert "(this page's claim of harm)" in html and "λ = 0.800" in html
     rows = re.findall(r'<tr data-turn="(\d+)"', html)
@@ -65,7 +56,7 @@ def test_the_case_page_shows_which_turn_and_tokens_moved_toward_harm(
 
 
 def test_no_attribution_leaves_the_page_as_it_was(client: TestClient, service: Service) -> None:
-    html = _case(client, service, trigger("traj-plain", 1))
+    html = open_case_page(client, service, trigger("traj-plain", 1))
     assert SECTION not in html and "abar" not in html and "moved toward harm" not in html
     assert 'id="step-s1"' in html
 
@@ -89,7 +80,7 @@ MALFORMED: list[Any] = [
 def test_a_malformed_attribution_renders_the_page_without_it(
     client: TestClient, service: Service, attribution: Any
 ) -> None:
-    html = _case(client, service, attributed_trigger(attribution=attribution))
+    html = open_case_page(client, service, attributed_trigger(attribution=attribution))
     assert SECTION not in html and "moved toward harm" not in html
     assert 'id="step-m9"' in html and 'id="step-m11"' in html  # the case itself is all there
 
@@ -105,7 +96,7 @@ def test_odd_but_usable_attributions_still_render(client: TestClient, service: S
     event = {"event_action": "trigger", "dedup_key": "rl/alert",
              "payload": {"summary": "rl alert", "source": "rollout", "severity": "warning",
                          "custom_details": {"attribution": att}}}
-    html = _case(client, service, event)
+    html = open_case_page(client, service, event)
     assert html.count(SECTION) == 1 and "(reviewer)" in html
     row = _row(html, 1)
     assert 'class="harmful"' in row and 'href="#step-' not in row
@@ -124,7 +115,7 @@ def test_steps_without_token_ids_are_attributed_whole(
                    "top_tokens": [{"position": 0, "token_id": 0, "advantage": r}],
                    "token_advantages": [r]} for k, r in ((0, 0.2), (1, -0.1))],
         "harmful_turn": 0, "harmful_call_id": "s0", "label": 1.0, "label_source": "page"}
-    html = _case(client, service, event)
+    html = open_case_page(client, service, event)
     row = _row(html, 0)
     assert 'class="harmful"' in row and 'href="#step-s0"' in row
     assert "whole turn (the step carries no token ids)" in row and "id 0" not in row

@@ -17,17 +17,9 @@ from tests.service.helpers import (
     ART_PROMPT,
     ART_REWARDS,
     art_trigger,
+    open_case_page,
     png_data_uri,
 )
-
-
-def _case(client: TestClient, service: Service, event: dict[str, Any]) -> str:
-    r = client.post("/api/v1/events", json=event, headers=service.auth("producer"))
-    assert r.status_code == 202, r.text
-    client.post("/login", data={"token": service.tokens["reviewer"]})
-    page = client.get("/cases/1")
-    assert page.status_code == 200
-    return page.text
 
 
 def _section(html: str, step_id: str) -> str:
@@ -39,7 +31,7 @@ def _section(html: str, step_id: str) -> str:
 def test_an_image_endpoints_page_shows_its_thumbnail_prompt_and_rewards(
     client: TestClient, service: Service
 ) -> None:
-    html = _case(client, service, art_trigger())
+    html = open_case_page(client, service, art_trigger())
     flagged = _section(html, "v3-e2")
     assert 'class="step flagged"' in flagged
     thumbs = re.findall(r'<img src="([^"]+)" alt="generated image of step 3074" '
@@ -93,7 +85,7 @@ def _art_event_with(screenshot: Any = None, media: Any = None) -> dict[str, Any]
 def test_a_thumbnail_that_is_not_an_inline_image_is_shown_as_text(
     client: TestClient, service: Service, shot: str
 ) -> None:
-    html = _case(client, service, _art_event_with(screenshot=shot))
+    html = open_case_page(client, service, _art_event_with(screenshot=shot))
     flagged = _section(html, "v3-e2")
     assert "<img" not in flagged and 'onerror="' not in html
     assert "thumbnail (not an inline image):" in flagged
@@ -107,7 +99,7 @@ def test_a_thumbnail_that_is_not_an_inline_image_is_shown_as_text(
 def test_malformed_media_shows_the_step_as_any_other(
     client: TestClient, service: Service, media: Any
 ) -> None:
-    html = _case(client, service, _art_event_with(media=media))
+    html = open_case_page(client, service, _art_event_with(media=media))
     flagged = _section(html, "v3-e2")
     assert 'class="media"' not in flagged and "Rewards</div>" not in flagged
     # the generic step view, with the thumbnail as the result's screenshot
