@@ -4,7 +4,8 @@
 
 The world model's L0 cost is mostly one MiniLM forward per new text (inline latency, issue
 34) and ``make models`` spends ~15 min encoding its corpora's texts (issue 32). This measures
-both dtypes on the same random sample of the built corpora's texts ($VIGIL_HOME data):
+both dtypes on the same random sample of the built corpora's train-split texts ($VIGIL_HOME
+data):
 texts/s each way and how far the bfloat16 embeddings lie from the float32 ones (cosine).
 Writes bench/results/encoder_dtype.json. Nothing here changes what ships.
 """
@@ -38,6 +39,8 @@ def corpus_texts(corpora: list[str]) -> list[str]:
         with (paths.dataset(corpus) / "transitions.jsonl").open() as f:
             for line in f:
                 t = json.loads(line)
+                if t.get("split") != "train":  # held-out splits stay unread
+                    continue
                 texts.update(v for k in FIELDS if isinstance(v := t.get(k), str) and v)
     return sorted(texts)
 
@@ -79,7 +82,8 @@ def main() -> int:
         "measured": "MiniLM (all-MiniLM-L6-v2, max 256 tokens, batch 64, texts sorted by "
                     "length) over the same sample: float32, then torch.autocast(bfloat16); "
                     "cosine between each text's two L2-normalised embeddings",
-        "data": {"corpora": args.corpora, "distinct_texts": len(texts), "sample_seed": 0},
+        "data": {"corpora": args.corpora, "split": "train", "distinct_texts": len(texts),
+                 "sample_seed": 0},
         "results": results,
         "machine": machine(load_before),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
